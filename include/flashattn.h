@@ -1,0 +1,168 @@
+/* flashattn: exact attention softmax(scale * Q K^T) V computed tile by tile.
+ *
+ * The one public header. C11, usable from C++. Every entry point returns a
+ * status; fa_last_error() gives a human-readable message for the last failure
+ * on the calling thread. The library never aborts, prints or exits on bad input.
+ */
+#ifndef FLASHATTN_H
+#define FLASHATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FA_VERSION_MAJOR 0
+#define FA_VERSION_MINOR 1
+#define FA_VERSION_PATCH 0
+
+/* Largest head dimension any backend supports. */
+#define FA_MAX_HEADDIM 256
+
+typedef enum fa_status {
+  FA_OK = 0,
+  FA_ERR_INVALID_ARGUMENT = 1, /* a null pointer, a bad size, stride or value */
+  FA_ERR_UNSUPPORTED = 2,      /* valid, but not available here (device, dtype, feature) */
+  FA_ERR_OUT_OF_MEMORY = 3,    /* the library could not allocate its workspace */
+  FA_ERR_DEVICE = 4,           /* the device runtime reported an error */
+  FA_ERR_INTERNAL = 5
+} fa_status;
+
+typedef enum fa_dtype {
+  FA_DTYPE_F32 = 0,
+  FA_DTYPE_F16 = 1,
+  FA_DTYPE_BF16 = 2,
+  FA_DTYPE_F64 = 3 /* CPU standard algorithm only: the float64 oracle */
+} fa_dtype;
+
+typedef enum fa_device {
+  FA_DEVICE_CPU = 0,
+  FA_DEVICE_CUDA = 1
+} fa_device;
+
+typedef enum fa_algorithm {
+  FA_ALGO_FLASH2 = 0,   /* queries outer, keys inner (FlashAttention-2): the default */
+  FA_ALGO_FLASH1 = 1,   /* keys outer, queries inner, O/l/m rescaled in memory (Algorithm 1) */
+  FA_ALGO_STANDARD = 2  /* materialise S and P (Algorithm 0): baseline and oracle */
+} fa_algorithm;
+
+/* A 4-D tensor (batch, seqlen, heads, headdim) described by element strides.
+ * headdim is contiguous. (B,N,H,D) and (B,H,N,D) layouts are both just strides.
+ * For variable-length batches (fa_params.cu_seqlens_q set) batch must be 1 and
+ * seqlen is the total number of tokens of all sequences. */
+typedef struct fa_tensor {
+  void *data;
+  fa_dtype dtype;
+  int64_t batch, seqlen, heads, headdim;
+  int64_t stride_batch, stride_seq, stride_head; /* in elements */
+} fa_tensor;
+
+/* The attention variant. A zero-initialised struct means plain
+ * softmax(Q K^T / sqrt(D)) V on the CPU with FlashAttention-2. */
+typedef struct fa_params {
+  fa_device device;
+  fa_algorithm algorithm;
+  float softmax_scale; /* 0: 1/sqrt(headdim) */
+
+  /* Causal mask, aligned to the bottom-right corner when Nq != Nk: query row i
+   * sees key j iff j <= i + Nk - Nq (flash-attn >= 2.1 convention). */
+  int causal;
+
+  /* Sliding window (when window_enabled): query row i sees key j iff
+   * i + Nk - Nq - window_left <= j <= i + Nk - Nq + window_right.
+   * A negative bound means unlimited on that side. */
+  int window_enabled;
+  int64_t window_left, window_right;
+
+  /* Logit soft-capping: s = softcap * tanh(s / softcap), applied to the scaled
+   * score before masks and ALiBi. 0 disables. */
+  float softcap;
+
+  /* ALiBi: score += -slope[h] * |i + Nk - Nq - j|. Slopes are float32 in the
+   * device's memory; element (b, h) at alibi_slopes[b * alibi_stride_batch + h]
+   * (stride 0: one set of slopes for every batch). NULL disables. */
+  const float *alibi_slopes;
+  int64_t alibi_stride_batch;
+
+  /* Variable-length batches: when cu_seqlens_q is non-NULL, num_seqs sequences
+   * are packed along seqlen; sequence s owns query rows [cu_seqlens_q[s],
+   * cu_seqlens_q[s+1]) and key rows [cu_seqlens_k[s], cu_seqlens_k[s+1]).
+   * Both arrays hold num_seqs + 1 non-decreasing int32 values starting at 0,
+   * in the device's memory. The LSE layout becomes (heads, total_q). */
+  const int32_t *cu_seqlens_q;
+  const int32_t *cu_seqlens_k;
+  int64_t num_seqs;
+
+  /* Dropout on P (reserved: p > 0 returns FA_ERR_UNSUPPORTED for now). */
+  float dropout_p;
+  uint64_t dropout_seed, dropout_offset;
+
+  /* Block-sparse mask (reserved: non-NULL returns FA_ERR_UNSUPPORTED for now). */
+  const uint8_t *block_mask;
+  int64_t block_size_q, block_size_k;
+
+  /* Bitwise-reproducible gradients where a backend would otherwise use atomics. */
+  int deterministic;
+
+  /* CPU: worker threads (0: all available cores). */
+  int num_threads;
+
+  /* CUDA: the cudaStream_t to run on (NULL: the legacy default stream). */
+  void *stream;
+
+  /* Scratch memory the call may use, of at least the size fa_workspace_size()
+   * reports, in the device's memory. NULL: the library allocates it itself
+   * (and frees it before returning; on CUDA, stream-ordered). */
+  void *workspace;
+  size_t workspace_bytes;
+} fa_params;
+
+typedef enum fa_pass {
+  FA_PASS_FORWARD = 0,
+  FA_PASS_BACKWARD = 1
+} fa_pass;
+
+/* Forward: O = softmax(scale * Q K^T + masks) V and the float32 log-sum-exp
+ * lse (natural log) of every query row, laid out (batch, heads_q, seqlen_q)
+ * contiguous, or (heads_q, total_q) for variable-length batches.
+ * K and V have heads_k heads, heads_q a multiple of heads_k (GQA/MQA).
+ * Fully masked rows give O = 0 and lse = -inf. lse may be NULL. */
+fa_status fa_forward(const fa_params *params, const fa_tensor *q, const fa_tensor *k,
+                     const fa_tensor *v, fa_tensor *o, float *lse);
+
+/* Backward: from Q, K, V, O, dO and the forward's lse, writes dQ, dK, dV
+ * (dK and dV summed over the query heads that share a K/V head). */
+fa_status fa_backward(const fa_params *params, const fa_tensor *q, const fa_tensor *k,
+                      const fa_tensor *v, const fa_tensor *o, const fa_tensor *dout,
+                      const float *lse, fa_tensor *dq, fa_tensor *dk, fa_tensor *dv);
+
+/* Bytes of scratch memory fa_forward (pass FORWARD) or fa_backward (pass
+ * BACKWARD) needs for these arguments. Inputs are validated as for the call;
+ * only shapes, dtypes and params are read, no data. */
+fa_status fa_workspace_size(fa_pass pass, const fa_params *params, const fa_tensor *q,
+                            const fa_tensor *k, const fa_tensor *v, size_t *bytes);
+
+/* 1 if this build and machine can run on the device, else 0. */
+int fa_device_available(fa_device device);
+
+/* Message for the last failing call on this thread ("" if none). */
+const char *fa_last_error(void);
+const char *fa_status_string(fa_status status);
+const char *fa_version(void); /* "MAJOR.MINOR.PATCH" */
+
+/* Convenience: a contiguous (B, N, H, D) tensor descriptor. */
+fa_tensor fa_tensor_bnhd(void *data, fa_dtype dtype, int64_t batch, int64_t seqlen,
+                         int64_t heads, int64_t headdim);
+/* Convenience: a contiguous (B, H, N, D) tensor descriptor (PyTorch SDPA layout). */
+fa_tensor fa_tensor_bhnd(void *data, fa_dtype dtype, int64_t batch, int64_t seqlen,
+                         int64_t heads, int64_t headdim);
+
+size_t fa_dtype_size(fa_dtype dtype);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHATTN_H */

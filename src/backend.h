@@ -1,0 +1,47 @@
+/* The interface every backend implements. src/api.c validates the arguments,
+ * fills an fa_problem and calls exactly one of these; backends never validate
+ * user input again. Each *_workspace function returns the bytes its matching
+ * call needs in fa_problem.workspace (the api allocates it if the user did not). */
+#ifndef FA_BACKEND_H
+#define FA_BACKEND_H
+
+#include "common/problem.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Standard attention (Algorithm 0) on the CPU; f32/f16/bf16 and f64 storage. */
+size_t fa_ref_forward_workspace(const fa_problem *pb);
+size_t fa_ref_backward_workspace(const fa_problem *pb);
+fa_status fa_ref_forward(const fa_problem *pb);
+fa_status fa_ref_backward(const fa_problem *pb);
+
+/* Tiled FlashAttention on the CPU (flash1 and flash2 orders). */
+size_t fa_cpu_forward_workspace(const fa_problem *pb);
+size_t fa_cpu_backward_workspace(const fa_problem *pb);
+fa_status fa_cpu_forward(const fa_problem *pb);
+fa_status fa_cpu_backward(const fa_problem *pb);
+
+/* CUDA backend (only when built with FLASHATTN_CUDA). */
+int fa_cuda_available(void);
+fa_status fa_cuda_check(const fa_problem *pb, fa_pass pass); /* what this build supports */
+size_t fa_cuda_forward_workspace(const fa_problem *pb);
+size_t fa_cuda_backward_workspace(const fa_problem *pb);
+fa_status fa_cuda_forward(const fa_problem *pb);
+fa_status fa_cuda_backward(const fa_problem *pb);
+fa_status fa_cuda_alloc(void **ptr, size_t bytes, void *stream);
+void fa_cuda_free(void *ptr, void *stream);
+
+/* Sets the thread's last-error message (printf-style) and returns status. */
+fa_status fa_set_error(fa_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

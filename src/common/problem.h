@@ -1,0 +1,75 @@
+/* The validated problem handed from src/api.c to a backend. Backends trust it:
+ * every pointer, size, stride and value here has been checked once, in api.c. */
+#ifndef FA_COMMON_PROBLEM_H
+#define FA_COMMON_PROBLEM_H
+
+#include "flashattn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fa_problem {
+  const fa_params *params;
+  fa_tensor q, k, v, o;      /* o: forward output, or the forward's O in backward */
+  fa_tensor dout, dq, dk, dv; /* backward only */
+  float *lse;                 /* forward: written; backward: read (const) */
+
+  fa_dtype dtype;             /* storage dtype of every tensor */
+  int64_t batch;              /* number of sequences (num_seqs for varlen) */
+  int64_t heads_q, heads_k, group; /* group = heads_q / heads_k */
+  int64_t headdim;
+  int64_t max_seqlen_q, max_seqlen_k; /* per sequence (varlen: the longest) */
+  int64_t total_q;            /* varlen: total query rows; else batch * seqlen_q */
+  float scale;                /* softmax scale (resolved from 0) */
+  int varlen;
+  int num_threads;            /* resolved (>= 1) */
+
+  void *workspace;            /* at least the backend's reported size */
+  size_t workspace_bytes;
+} fa_problem;
+
+/* One sequence of the batch: where its rows start and how many there are.
+ * Row r of query sequence s is tensor index (qb, q0 + r); likewise for keys. */
+typedef struct fa_seq {
+  int64_t qb, q0, nq; /* batch index, first row, row count in q/o/dout/dq */
+  int64_t kb, k0, nk; /* in k/v/dk/dv */
+  int64_t lse0;       /* lse index of (this sequence, head 0, row 0) */
+  int64_t lse_head_stride;
+} fa_seq;
+
+static inline fa_seq fa_problem_seq(const fa_problem *pb, int64_t s) {
+  fa_seq r;
+  if (pb->varlen) {
+    const int32_t *cq = pb->params->cu_seqlens_q, *ck = pb->params->cu_seqlens_k;
+    r.qb = 0;
+    r.q0 = cq[s];
+    r.nq = cq[s + 1] - cq[s];
+    r.kb = 0;
+    r.k0 = ck[s];
+    r.nk = ck[s + 1] - ck[s];
+    r.lse0 = cq[s];
+    r.lse_head_stride = pb->total_q;
+  } else {
+    r.qb = s;
+    r.q0 = 0;
+    r.nq = pb->q.seqlen;
+    r.kb = s;
+    r.k0 = 0;
+    r.nk = pb->k.seqlen;
+    r.lse0 = s * pb->heads_q * pb->q.seqlen;
+    r.lse_head_stride = pb->q.seqlen;
+  }
+  return r;
+}
+
+/* Element offset of (batch b, row n, head h) in a tensor. */
+static inline int64_t fa_tensor_offset(const fa_tensor *t, int64_t b, int64_t n, int64_t h) {
+  return b * t->stride_batch + n * t->stride_seq + h * t->stride_head;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,475 @@
+/* The public entry points: every argument is validated here, once, then the
+ * call is dispatched to exactly one backend with a filled fa_problem. */
+#include <math.h>
+#include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+
+#define FA_STR2(x) #x
+#define FA_STR(x) FA_STR2(x)
+
+static _Thread_local char fa_error_buf[512];
+
+fa_status fa_set_error(fa_status status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(fa_error_buf, sizeof fa_error_buf, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+const char *fa_last_error(void) { return fa_error_buf; }
+
+const char *fa_version(void) {
+  return FA_STR(FA_VERSION_MAJOR) "." FA_STR(FA_VERSION_MINOR) "." FA_STR(FA_VERSION_PATCH);
+}
+
+const char *fa_status_string(fa_status status) {
+  switch (status) {
+    case FA_OK: return "ok";
+    case FA_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case FA_ERR_UNSUPPORTED: return "unsupported";
+    case FA_ERR_OUT_OF_MEMORY: return "out of memory";
+    case FA_ERR_DEVICE: return "device error";
+    case FA_ERR_INTERNAL: return "internal error";
+  }
+  return "unknown status";
+}
+
+size_t fa_dtype_size(fa_dtype dtype) {
+  switch (dtype) {
+    case FA_DTYPE_F32: return 4;
+    case FA_DTYPE_F16:
+    case FA_DTYPE_BF16: return 2;
+    case FA_DTYPE_F64: return 8;
+  }
+  return 0;
+}
+
+fa_tensor fa_tensor_bnhd(void *data, fa_dtype dtype, int64_t batch, int64_t seqlen,
+                         int64_t heads, int64_t headdim) {
+  fa_tensor t = {data, dtype, batch, seqlen, heads, headdim,
+                 seqlen * heads * headdim, heads * headdim, headdim};
+  return t;
+}
+
+fa_tensor fa_tensor_bhnd(void *data, fa_dtype dtype, int64_t batch, int64_t seqlen,
+                         int64_t heads, int64_t headdim) {
+  fa_tensor t = {data, dtype, batch, seqlen, heads, headdim,
+                 heads * seqlen * headdim, headdim, seqlen * headdim};
+  return t;
+}
+
+int fa_device_available(fa_device device) {
+  if (device == FA_DEVICE_CPU) return 1;
+#ifdef FLASHATTN_CUDA
+  if (device == FA_DEVICE_CUDA) return fa_cuda_available();
+#endif
+  return 0;
+}
+
+/* ---- validation ---------------------------------------------------------- */
+
+#define FA_INVALID(...) fa_set_error(FA_ERR_INVALID_ARGUMENT, __VA_ARGS__)
+
+/* Half-open byte range [lo, hi) a tensor's elements lie in. */
+typedef struct fa_span {
+  uintptr_t lo, hi;
+} fa_span;
+
+static fa_status check_tensor(const fa_tensor *t, const char *name, int is_output,
+                              fa_span *span) {
+  if (!t) return FA_INVALID("%s: tensor descriptor is NULL", name);
+  if (!t->data) return FA_INVALID("%s: data pointer is NULL", name);
+  if (fa_dtype_size(t->dtype) == 0) return FA_INVALID("%s: unknown dtype %d", name, (int)t->dtype);
+  if (t->batch < 1) return FA_INVALID("%s: batch must be >= 1 (got %lld)", name, (long long)t->batch);
+  if (t->seqlen < 1) return FA_INVALID("%s: seqlen must be >= 1 (got %lld)", name, (long long)t->seqlen);
+  if (t->heads < 1) return FA_INVALID("%s: heads must be >= 1 (got %lld)", name, (long long)t->heads);
+  if (t->headdim < 1 || t->headdim > FA_MAX_HEADDIM)
+    return FA_INVALID("%s: headdim must be in [1, %d] (got %lld)", name, FA_MAX_HEADDIM,
+                      (long long)t->headdim);
+  if (t->stride_batch < 0 || t->stride_seq < 0 || t->stride_head < 0)
+    return FA_INVALID("%s: strides must be >= 0", name);
+  /* Largest element offset, with overflow checks; limit to 2^62 bytes. */
+  const int64_t lim = (int64_t)1 << 58;
+  if (t->batch > lim || t->seqlen > lim || t->heads > lim || t->stride_batch > lim ||
+      t->stride_seq > lim || t->stride_head > lim)
+    return FA_INVALID("%s: sizes or strides too large", name);
+  double far = (double)(t->batch - 1) * (double)t->stride_batch +
+               (double)(t->seqlen - 1) * (double)t->stride_seq +
+               (double)(t->heads - 1) * (double)t->stride_head + (double)t->headdim;
+  if (far * (double)fa_dtype_size(t->dtype) > (double)((int64_t)1 << 62))
+    return FA_INVALID("%s: sizes and strides address more than 2^62 bytes", name);
+  int64_t last = (t->batch - 1) * t->stride_batch + (t->seqlen - 1) * t->stride_seq +
+                 (t->heads - 1) * t->stride_head + t->headdim;
+  if (is_output) {
+    /* An output may not write one element twice: each non-trivial dimension's
+     * stride must step past everything the dimensions inside it cover. */
+    struct {
+      int64_t n, s;
+    } dims[3] = {{t->batch, t->stride_batch}, {t->seqlen, t->stride_seq}, {t->heads, t->stride_head}};
+    for (int a = 0; a < 3; a++)
+      for (int b = a + 1; b < 3; b++)
+        if (dims[b].s > dims[a].s) {
+          int64_t n = dims[a].n, s = dims[a].s;
+          dims[a] = dims[b];
+          dims[b].n = n;
+          dims[b].s = s;
+        }
+    int64_t extent = t->headdim;
+    for (int a = 2; a >= 0; a--) {
+      if (dims[a].n == 1) continue;
+      if (dims[a].s < extent)
+        return FA_INVALID("%s: strides make output elements overlap (stride %lld < extent %lld)",
+                          name, (long long)dims[a].s, (long long)extent);
+      extent = dims[a].s * (dims[a].n - 1) + extent;
+    }
+  }
+  if (span) {
+    span->lo = (uintptr_t)t->data;
+    span->hi = span->lo + (uintptr_t)last * fa_dtype_size(t->dtype);
+  }
+  return FA_OK;
+}
+
+/* Exact test for the common packed case (same strides: e.g. q, k, v sliced out
+ * of one (B, N, 3, H, D) buffer): are two tensors' element sets disjoint?
+ * Returns 1 when provably disjoint, 0 otherwise. */
+static int strided_disjoint(const fa_tensor *a, const fa_tensor *b) {
+  if (a->dtype != b->dtype || a->stride_batch != b->stride_batch ||
+      a->stride_seq != b->stride_seq || a->stride_head != b->stride_head ||
+      a->batch != b->batch || a->seqlen != b->seqlen || a->heads != b->heads ||
+      a->headdim != b->headdim)
+    return 0;
+  intptr_t diff = (intptr_t)((const char *)b->data - (const char *)a->data);
+  intptr_t es = (intptr_t)fa_dtype_size(a->dtype);
+  if (diff % es) return 0;
+  int64_t delta = (int64_t)(diff / es);
+  int64_t n[4] = {a->batch, a->seqlen, a->heads, a->headdim};
+  int64_t s[4] = {a->stride_batch, a->stride_seq, a->stride_head, 1};
+  /* sort by stride, descending */
+  for (int i = 0; i < 4; i++)
+    for (int j = i + 1; j < 4; j++)
+      if (s[j] > s[i]) {
+        int64_t t = s[i];
+        s[i] = s[j];
+        s[j] = t;
+        t = n[i];
+        n[i] = n[j];
+        n[j] = t;
+      }
+  /* With strictly gapped strides (each larger than the span of all inner
+   * dimensions) every offset difference has one digit expansion. */
+  int64_t inner[4];
+  inner[3] = 0;
+  for (int i = 2; i >= 0; i--) inner[i] = inner[i + 1] + (n[i + 1] - 1) * s[i + 1];
+  for (int i = 0; i < 4; i++)
+    if (n[i] > 1 && s[i] <= inner[i]) return 0;
+  for (int i = 0; i < 4; i++) {
+    if (n[i] == 1 || s[i] == 0) continue;
+    int64_t c = delta / s[i], r = delta - c * s[i];
+    if (r > inner[i]) c++, r -= s[i];
+    else if (r < -inner[i]) c--, r += s[i];
+    if (r > inner[i] || r < -inner[i]) return 1;
+    if (c >= n[i] || c <= -n[i]) return 1;
+    delta = r;
+  }
+  return delta != 0;
+}
+
+static int spans_overlap(fa_span x, fa_span y) { return x.lo < y.hi && y.lo < x.hi; }
+
+typedef struct fa_named {
+  const char *name;
+  const fa_tensor *t; /* NULL for the lse vector */
+  fa_span span;
+  int output;
+} fa_named;
+
+static fa_status check_overlaps(const fa_named *v, int n) {
+  for (int i = 0; i < n; i++)
+    for (int j = i + 1; j < n; j++) {
+      if (!v[i].output && !v[j].output) continue;
+      if (!spans_overlap(v[i].span, v[j].span)) continue;
+      if (v[i].t && v[j].t && strided_disjoint(v[i].t, v[j].t)) continue;
+      return FA_INVALID("%s overlaps %s in memory: outputs must not alias inputs or each other",
+                        v[i].output ? v[i].name : v[j].name, v[i].output ? v[j].name : v[i].name);
+    }
+  return FA_OK;
+}
+
+static int same_shape(const fa_tensor *a, const fa_tensor *b) {
+  return a->batch == b->batch && a->seqlen == b->seqlen && a->heads == b->heads &&
+         a->headdim == b->headdim;
+}
+
+#define FA_TRY(expr)                 \
+  do {                               \
+    fa_status st_ = (expr);          \
+    if (st_ != FA_OK) return st_;    \
+  } while (0)
+
+static fa_status check_params(const fa_params *p, const fa_tensor *q, const fa_tensor *k) {
+  if (p->device != FA_DEVICE_CPU && p->device != FA_DEVICE_CUDA)
+    return FA_INVALID("params.device: unknown device %d", (int)p->device);
+  if (p->algorithm != FA_ALGO_FLASH2 && p->algorithm != FA_ALGO_FLASH1 &&
+      p->algorithm != FA_ALGO_STANDARD)
+    return FA_INVALID("params.algorithm: unknown algorithm %d", (int)p->algorithm);
+  if (!isfinite(p->softmax_scale)) return FA_INVALID("params.softmax_scale must be finite");
+  if (!isfinite(p->softcap) || p->softcap < 0)
+    return FA_INVALID("params.softcap must be finite and >= 0");
+  if (!(p->dropout_p >= 0 && p->dropout_p < 1))
+    return FA_INVALID("params.dropout_p must be in [0, 1)");
+  if (p->num_threads < 0) return FA_INVALID("params.num_threads must be >= 0");
+  if (p->alibi_slopes && p->alibi_stride_batch < 0)
+    return FA_INVALID("params.alibi_stride_batch must be >= 0");
+  if ((p->cu_seqlens_q == NULL) != (p->cu_seqlens_k == NULL))
+    return FA_INVALID("params.cu_seqlens_q and cu_seqlens_k must be given together");
+  if (p->cu_seqlens_q) {
+    if (p->num_seqs < 1) return FA_INVALID("params.num_seqs must be >= 1 with cu_seqlens");
+    if (q->batch != 1 || k->batch != 1)
+      return FA_INVALID("q/k: batch must be 1 with cu_seqlens (sequences are packed along seqlen)");
+    if (p->device == FA_DEVICE_CPU) {
+      const int32_t *cs[2] = {p->cu_seqlens_q, p->cu_seqlens_k};
+      const char *nm[2] = {"cu_seqlens_q", "cu_seqlens_k"};
+      const int64_t tot[2] = {q->seqlen, k->seqlen};
+      for (int a = 0; a < 2; a++) {
+        if (cs[a][0] != 0) return FA_INVALID("params.%s[0] must be 0", nm[a]);
+        for (int64_t i = 0; i < p->num_seqs; i++)
+          if (cs[a][i + 1] < cs[a][i])
+            return FA_INVALID("params.%s must be non-decreasing (entry %lld)", nm[a],
+                              (long long)(i + 1));
+        if (cs[a][p->num_seqs] > tot[a])
+          return FA_INVALID("params.%s[num_seqs] = %d exceeds the tensor's seqlen %lld", nm[a],
+                            (int)cs[a][p->num_seqs], (long long)tot[a]);
+      }
+    }
+  }
+  if (p->workspace && p->workspace_bytes == 0)
+    return FA_INVALID("params.workspace given with workspace_bytes 0");
+  return FA_OK;
+}
+
+/* Everything but the data of the outputs: shapes, dtypes, params, support. */
+static fa_status make_problem(fa_pass pass, const fa_params *p, const fa_tensor *q,
+                              const fa_tensor *k, const fa_tensor *v, fa_problem *pb) {
+  if (!p) return FA_INVALID("params is NULL");
+  FA_TRY(check_tensor(q, "q", 0, NULL));
+  FA_TRY(check_tensor(k, "k", 0, NULL));
+  FA_TRY(check_tensor(v, "v", 0, NULL));
+  if (k->dtype != q->dtype || v->dtype != q->dtype)
+    return FA_INVALID("q, k and v must have the same dtype");
+  if (!same_shape(k, v)) return FA_INVALID("k and v must have the same shape");
+  if (k->batch != q->batch) return FA_INVALID("k: batch %lld differs from q's %lld",
+                                              (long long)k->batch, (long long)q->batch);
+  if (k->headdim != q->headdim)
+    return FA_INVALID("k: headdim %lld differs from q's %lld", (long long)k->headdim,
+                      (long long)q->headdim);
+  if (q->heads % k->heads)
+    return FA_INVALID("q: heads (%lld) must be a multiple of k's heads (%lld)",
+                      (long long)q->heads, (long long)k->heads);
+  FA_TRY(check_params(p, q, k));
+  if (p->dropout_p > 0) return fa_set_error(FA_ERR_UNSUPPORTED, "params.dropout_p > 0: dropout is not implemented yet");
+  if (p->block_mask) return fa_set_error(FA_ERR_UNSUPPORTED, "params.block_mask: block-sparse attention is not implemented yet");
+  if (q->dtype == FA_DTYPE_F64 && !(p->device == FA_DEVICE_CPU && p->algorithm == FA_ALGO_STANDARD))
+    return fa_set_error(FA_ERR_UNSUPPORTED, "dtype f64 is only supported by the standard algorithm on the CPU");
+
+  memset(pb, 0, sizeof *pb);
+  pb->params = p;
+  pb->q = *q;
+  pb->k = *k;
+  pb->v = *v;
+  pb->dtype = q->dtype;
+  pb->heads_q = q->heads;
+  pb->heads_k = k->heads;
+  pb->group = q->heads / k->heads;
+  pb->headdim = q->headdim;
+  pb->scale = p->softmax_scale != 0 ? p->softmax_scale : (float)(1.0 / sqrt((double)q->headdim));
+  pb->varlen = p->cu_seqlens_q != NULL;
+  if (pb->varlen) {
+    pb->batch = p->num_seqs;
+    pb->total_q = q->seqlen;
+    if (p->device == FA_DEVICE_CPU) {
+      for (int64_t s = 0; s < p->num_seqs; s++) {
+        int64_t nq = p->cu_seqlens_q[s + 1] - p->cu_seqlens_q[s];
+        int64_t nk = p->cu_seqlens_k[s + 1] - p->cu_seqlens_k[s];
+        if (nq > pb->max_seqlen_q) pb->max_seqlen_q = nq;
+        if (nk > pb->max_seqlen_k) pb->max_seqlen_k = nk;
+      }
+    } else {
+      /* device-resident offsets are not read on the host: bound by the totals */
+      pb->max_seqlen_q = q->seqlen;
+      pb->max_seqlen_k = k->seqlen;
+    }
+  } else {
+    pb->batch = q->batch;
+    pb->total_q = q->batch * q->seqlen;
+    pb->max_seqlen_q = q->seqlen;
+    pb->max_seqlen_k = k->seqlen;
+  }
+  int nt = p->num_threads > 0 ? p->num_threads : omp_get_num_procs();
+  pb->num_threads = nt > 0 ? nt : 1;
+
+  if (p->device == FA_DEVICE_CUDA) {
+#ifdef FLASHATTN_CUDA
+    if (!fa_cuda_available())
+      return fa_set_error(FA_ERR_UNSUPPORTED, "params.device: no CUDA device is available");
+    FA_TRY(fa_cuda_check(pb, pass));
+#else
+    (void)pass;
+    return fa_set_error(FA_ERR_UNSUPPORTED, "params.device: this build has no CUDA backend");
+#endif
+  }
+  return FA_OK;
+}
+
+static size_t backend_workspace(fa_pass pass, const fa_problem *pb) {
+  if (pb->params->device == FA_DEVICE_CUDA) {
+#ifdef FLASHATTN_CUDA
+    return pass == FA_PASS_FORWARD ? fa_cuda_forward_workspace(pb) : fa_cuda_backward_workspace(pb);
+#else
+    return 0;
+#endif
+  }
+  if (pb->params->algorithm == FA_ALGO_STANDARD)
+    return pass == FA_PASS_FORWARD ? fa_ref_forward_workspace(pb) : fa_ref_backward_workspace(pb);
+  return pass == FA_PASS_FORWARD ? fa_cpu_forward_workspace(pb) : fa_cpu_backward_workspace(pb);
+}
+
+static size_t align_up(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* lse scratch for a forward called with lse == NULL lives after the backend's. */
+static size_t lse_bytes(const fa_problem *pb) {
+  return align_up((size_t)pb->heads_q * (size_t)pb->total_q * sizeof(float));
+}
+
+fa_status fa_workspace_size(fa_pass pass, const fa_params *params, const fa_tensor *q,
+                            const fa_tensor *k, const fa_tensor *v, size_t *bytes) {
+  fa_problem pb;
+  if (pass != FA_PASS_FORWARD && pass != FA_PASS_BACKWARD)
+    return FA_INVALID("pass: unknown pass %d", (int)pass);
+  if (!bytes) return FA_INVALID("bytes is NULL");
+  FA_TRY(make_problem(pass, params, q, k, v, &pb));
+  /* the forward may be called with lse == NULL: count its scratch too */
+  *bytes = align_up(backend_workspace(pass, &pb)) + (pass == FA_PASS_FORWARD ? lse_bytes(&pb) : 0);
+  return FA_OK;
+}
+
+/* Runs the backend with the caller's workspace or one allocated for the call. */
+static fa_status run_backend(fa_pass pass, fa_problem *pb, size_t extra) {
+  const fa_params *p = pb->params;
+  size_t need = align_up(backend_workspace(pass, pb)) + extra;
+  void *mem = NULL;
+  if (p->workspace) {
+    if (p->workspace_bytes < need)
+      return FA_INVALID("params.workspace_bytes %zu is smaller than the %zu bytes needed "
+                        "(see fa_workspace_size)", p->workspace_bytes, need);
+    if ((uintptr_t)p->workspace % 64)
+      return FA_INVALID("params.workspace must be 64-byte aligned");
+    pb->workspace = p->workspace;
+  } else if (need > 0) {
+    if (p->device == FA_DEVICE_CPU) {
+      mem = aligned_alloc(64, align_up(need));
+      if (!mem)
+        return fa_set_error(FA_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of workspace", need);
+    } else {
+#ifdef FLASHATTN_CUDA
+      FA_TRY(fa_cuda_alloc(&mem, need, p->stream));
+#endif
+    }
+    pb->workspace = mem;
+  }
+  pb->workspace_bytes = need;
+  if (extra) pb->lse = (float *)((char *)pb->workspace + (need - extra));
+
+  fa_status st;
+  if (p->device == FA_DEVICE_CUDA) {
+#ifdef FLASHATTN_CUDA
+    st = pass == FA_PASS_FORWARD ? fa_cuda_forward(pb) : fa_cuda_backward(pb);
+    if (mem) fa_cuda_free(mem, p->stream);
+#else
+    st = FA_ERR_INTERNAL;
+#endif
+    return st;
+  }
+  if (p->algorithm == FA_ALGO_STANDARD)
+    st = pass == FA_PASS_FORWARD ? fa_ref_forward(pb) : fa_ref_backward(pb);
+  else
+    st = pass == FA_PASS_FORWARD ? fa_cpu_forward(pb) : fa_cpu_backward(pb);
+  free(mem);
+  return st;
+}
+
+static fa_span lse_span(const fa_problem *pb, const float *lse) {
+  fa_span s = {(uintptr_t)lse, (uintptr_t)lse + (uintptr_t)pb->heads_q * (uintptr_t)pb->total_q * 4};
+  return s;
+}
+
+fa_status fa_forward(const fa_params *params, const fa_tensor *q, const fa_tensor *k,
+                     const fa_tensor *v, fa_tensor *o, float *lse) {
+  fa_problem pb;
+  fa_named nm[5];
+  FA_TRY(make_problem(FA_PASS_FORWARD, params, q, k, v, &pb));
+  FA_TRY(check_tensor(o, "o", 1, &nm[3].span));
+  if (o->dtype != q->dtype) return FA_INVALID("o: dtype differs from q's");
+  if (!same_shape(o, q)) return FA_INVALID("o: shape must equal q's");
+  FA_TRY(check_tensor(q, "q", 0, &nm[0].span));
+  FA_TRY(check_tensor(k, "k", 0, &nm[1].span));
+  FA_TRY(check_tensor(v, "v", 0, &nm[2].span));
+  nm[0].name = "q", nm[0].t = q, nm[0].output = 0;
+  nm[1].name = "k", nm[1].t = k, nm[1].output = 0;
+  nm[2].name = "v", nm[2].t = v, nm[2].output = 0;
+  nm[3].name = "o", nm[3].t = o, nm[3].output = 1;
+  int n = 4;
+  if (lse) {
+    nm[4].name = "lse", nm[4].t = NULL, nm[4].output = 1, nm[4].span = lse_span(&pb, lse);
+    n = 5;
+  }
+  FA_TRY(check_overlaps(nm, n));
+  pb.o = *o;
+  pb.lse = lse;
+  return run_backend(FA_PASS_FORWARD, &pb, lse ? 0 : lse_bytes(&pb));
+}
+
+fa_status fa_backward(const fa_params *params, const fa_tensor *q, const fa_tensor *k,
+                      const fa_tensor *v, const fa_tensor *o, const fa_tensor *dout,
+                      const float *lse, fa_tensor *dq, fa_tensor *dk, fa_tensor *dv) {
+  fa_problem pb;
+  fa_named nm[10];
+  FA_TRY(make_problem(FA_PASS_BACKWARD, params, q, k, v, &pb));
+  const fa_tensor *ins[5] = {q, k, v, o, dout};
+  const char *in_names[5] = {"q", "k", "v", "o", "dout"};
+  fa_tensor *outs[3] = {dq, dk, dv};
+  const char *out_names[3] = {"dq", "dk", "dv"};
+  for (int i = 0; i < 5; i++) {
+    FA_TRY(check_tensor(ins[i], in_names[i], 0, &nm[i].span));
+    nm[i].name = in_names[i], nm[i].t = ins[i], nm[i].output = 0;
+  }
+  for (int i = 0; i < 3; i++) {
+    FA_TRY(check_tensor(outs[i], out_names[i], 1, &nm[5 + i].span));
+    nm[5 + i].name = out_names[i], nm[5 + i].t = outs[i], nm[5 + i].output = 1;
+  }
+  for (int i = 3; i < 5; i++)
+    if (ins[i]->dtype != q->dtype) return FA_INVALID("%s: dtype differs from q's", in_names[i]);
+  for (int i = 0; i < 3; i++)
+    if (outs[i]->dtype != q->dtype) return FA_INVALID("%s: dtype differs from q's", out_names[i]);
+  if (!same_shape(o, q)) return FA_INVALID("o: shape must equal q's");
+  if (!same_shape(dout, q)) return FA_INVALID("dout: shape must equal q's");
+  if (!same_shape(dq, q)) return FA_INVALID("dq: shape must equal q's");
+  if (!same_shape(dk, k)) return FA_INVALID("dk: shape must equal k's");
+  if (!same_shape(dv, v)) return FA_INVALID("dv: shape must equal v's");
+  if (!lse) return FA_INVALID("lse is NULL: the backward pass needs the forward's lse");
+  nm[8].name = "lse", nm[8].t = NULL, nm[8].output = 0, nm[8].span = lse_span(&pb, lse);
+  FA_TRY(check_overlaps(nm, 9));
+  pb.o = *o;
+  pb.dout = *dout;
+  pb.dq = *dq;
+  pb.dk = *dk;
+  pb.dv = *dv;
+  pb.lse = (float *)lse;
+  return run_backend(FA_PASS_BACKWARD, &pb, 0);
+}

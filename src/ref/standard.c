@@ -1,0 +1,92 @@
+/* Standard attention (Algorithm 0): S = scale * Q K^T and P = softmax(S) are
+ * materialised per (sequence, head), then O = P V. In float64 storage it is the
+ * oracle every test compares against; in f32/f16/bf16 it is the baseline every
+ * benchmark compares against (P is rounded to the storage type, as Algorithm 0
+ * writes it to memory). The generic body lives in standard_impl.h, compiled
+ * once per accumulation type. */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "backend.h"
+#include "common/convert.h"
+#include "common/mask.h"
+
+/* Rounds a P value to what the storage dtype can hold. */
+static inline float fa_round_to_storage(float x, fa_dtype dt) {
+  switch (dt) {
+    case FA_DTYPE_F16: return fa_f16_to_f32(fa_f32_to_f16(x));
+    case FA_DTYPE_BF16: return fa_bf16_to_f32(fa_f32_to_bf16(x));
+    default: return x;
+  }
+}
+
+static inline void fa_load_row_f64(double *dst, const void *src, fa_dtype dt, int64_t n) {
+  int64_t i;
+  switch (dt) {
+    case FA_DTYPE_F64: memcpy(dst, src, (size_t)n * sizeof(double)); break;
+    case FA_DTYPE_F32:
+      for (i = 0; i < n; i++) dst[i] = ((const float *)src)[i];
+      break;
+    case FA_DTYPE_F16:
+      for (i = 0; i < n; i++) dst[i] = fa_f16_to_f32(((const uint16_t *)src)[i]);
+      break;
+    case FA_DTYPE_BF16:
+      for (i = 0; i < n; i++) dst[i] = fa_bf16_to_f32(((const uint16_t *)src)[i]);
+      break;
+  }
+}
+
+static inline void fa_store_row_f64(void *dst, const double *src, fa_dtype dt, int64_t n) {
+  int64_t i;
+  if (dt == FA_DTYPE_F64) {
+    memcpy(dst, src, (size_t)n * sizeof(double));
+    return;
+  }
+  for (i = 0; i < n; i++) {
+    float f = (float)src[i];
+    fa_store_row_f32((char *)dst + i * (int64_t)fa_dtype_size(dt), &f, dt, 1);
+  }
+}
+
+static size_t fa_align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+#define REAL double
+#define SFX(name) name##_f64
+#define LOAD_ROW fa_load_row_f64
+#define STORE_ROW fa_store_row_f64
+#define EXP exp
+#define LOG log
+#define TANH tanh
+#include "standard_impl.h"
+#undef REAL
+#undef SFX
+#undef LOAD_ROW
+#undef STORE_ROW
+#undef EXP
+#undef LOG
+#undef TANH
+
+#define REAL float
+#define SFX(name) name##_f32
+#define LOAD_ROW fa_load_row_f32
+#define STORE_ROW fa_store_row_f32
+#define EXP expf
+#define LOG logf
+#define TANH tanhf
+#include "standard_impl.h"
+
+size_t fa_ref_forward_workspace(const fa_problem *pb) {
+  return pb->dtype == FA_DTYPE_F64 ? ref_fwd_workspace_f64(pb) : ref_fwd_workspace_f32(pb);
+}
+size_t fa_ref_backward_workspace(const fa_problem *pb) {
+  return pb->dtype == FA_DTYPE_F64 ? ref_bwd_workspace_f64(pb) : ref_bwd_workspace_f32(pb);
+}
+fa_status fa_ref_forward(const fa_problem *pb) {
+  return pb->dtype == FA_DTYPE_F64 ? ref_forward_f64(pb) : ref_forward_f32(pb);
+}
+fa_status fa_ref_backward(const fa_problem *pb) {
+  return pb->dtype == FA_DTYPE_F64 ? ref_backward_f64(pb) : ref_backward_f32(pb);
+}

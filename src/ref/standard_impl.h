@@ -1,0 +1,180 @@
+/* Body of the standard algorithm, included by standard.c once per REAL
+ * (double for the oracle, float otherwise). Work unit: one (sequence, head)
+ * in the forward pass, one (sequence, K/V head) in the backward pass (so the
+ * GQA sum over a group needs no atomics). Each thread owns a workspace slice. */
+
+/* Per-thread slice: `matrices` Nq x Nk matrices, `kd_rows` Nk x D blocks and
+ * four D-vectors and one Nk-vector, all in REAL. */
+static size_t SFX(ref_slice)(const fa_problem *pb, int matrices, int kd_rows) {
+  size_t nn = (size_t)pb->max_seqlen_q * (size_t)pb->max_seqlen_k;
+  size_t kd = (size_t)pb->max_seqlen_k * (size_t)pb->headdim;
+  return fa_align64(((size_t)matrices * nn + (size_t)kd_rows * kd + 4 * (size_t)pb->headdim +
+                     (size_t)pb->max_seqlen_k) *
+                    sizeof(REAL));
+}
+
+static int SFX(ref_threads)(const fa_problem *pb, int64_t units) {
+  if (units < 1) units = 1;
+  return (int)(units < pb->num_threads ? units : pb->num_threads);
+}
+
+static size_t SFX(ref_fwd_workspace)(const fa_problem *pb) {
+  return (size_t)SFX(ref_threads)(pb, pb->batch * pb->heads_q) * SFX(ref_slice)(pb, 1, 2);
+}
+
+static size_t SFX(ref_bwd_workspace)(const fa_problem *pb) {
+  return (size_t)SFX(ref_threads)(pb, pb->batch * pb->heads_k) * SFX(ref_slice)(pb, 2, 4);
+}
+
+static REAL SFX(ref_dot)(const REAL *a, const REAL *b, int64_t n) {
+  REAL s = 0;
+  for (int64_t d = 0; d < n; d++) s += a[d] * b[d];
+  return s;
+}
+
+static void SFX(ref_axpy)(REAL *y, REAL a, const REAL *x, int64_t n) {
+  for (int64_t d = 0; d < n; d++) y[d] += a * x[d];
+}
+
+/* What Algorithm 0 keeps of a P value: it is written to memory in storage type. */
+static REAL SFX(ref_round)(REAL x, fa_dtype dt) {
+  return dt == FA_DTYPE_F64 ? x : (REAL)fa_round_to_storage((float)x, dt);
+}
+
+static const char *SFX(ref_row)(const fa_tensor *t, int64_t b, int64_t n, int64_t h) {
+  return (const char *)t->data + fa_tensor_offset(t, b, n, h) * (int64_t)fa_dtype_size(t->dtype);
+}
+
+/* Loads rows [r0, r0+n) of head h of a K/V-shaped tensor into dst (n x D). */
+static void SFX(ref_load_rows)(REAL *dst, const fa_tensor *t, int64_t b, int64_t r0, int64_t n,
+                               int64_t h) {
+  for (int64_t r = 0; r < n; r++)
+    LOAD_ROW(dst + r * t->headdim, SFX(ref_row)(t, b, r0 + r, h), t->dtype, t->headdim);
+}
+
+static REAL SFX(ref_slope)(const fa_problem *pb, int64_t s, int64_t h) {
+  const fa_params *pr = pb->params;
+  return pr->alibi_slopes ? (REAL)pr->alibi_slopes[s * pr->alibi_stride_batch + h] : 0;
+}
+
+/* P = softmax(masked, capped, biased scale * Q K^T) for query head h, one row of
+ * nk per query row. tanh_out (optional) receives tanh(scale*qk/softcap) for the
+ * backward chain rule; lse_out (optional) each row's log-sum-exp. */
+static void SFX(ref_probabilities)(const fa_problem *pb, const fa_seq *sq, const fa_mask *mk,
+                                   int64_t h, REAL slope, const REAL *kb, REAL *p,
+                                   REAL *tanh_out, REAL *qrow, float *lse_out) {
+  const float cap = pb->params->softcap;
+  const int64_t D = pb->headdim, nk = sq->nk;
+  for (int64_t i = 0; i < sq->nq; i++) {
+    REAL *row = p + i * nk;
+    int64_t lo, hi;
+    fa_mask_row_range(mk, i, &lo, &hi);
+    LOAD_ROW(qrow, SFX(ref_row)(&pb->q, sq->qb, sq->q0 + i, h), pb->dtype, D);
+    REAL mx = -INFINITY;
+    for (int64_t j = lo; j < hi; j++) {
+      REAL x = (REAL)pb->scale * SFX(ref_dot)(qrow, kb + j * D, D);
+      if (cap > 0) {
+        REAL t = TANH(x / (REAL)cap);
+        if (tanh_out) tanh_out[i * nk + j] = t;
+        x = (REAL)cap * t;
+      }
+      x -= slope * (REAL)llabs(i + nk - sq->nq - j);
+      row[j] = x;
+      if (x > mx) mx = x;
+    }
+    REAL l = 0;
+    for (int64_t j = 0; j < nk; j++) {
+      REAL e = (j >= lo && j < hi) ? EXP(row[j] - mx) : 0;
+      row[j] = e;
+      l += e;
+    }
+    if (lse_out) lse_out[i] = l > 0 ? (float)(mx + LOG(l)) : -INFINITY;
+    REAL inv = l > 0 ? 1 / l : 0;
+    for (int64_t j = 0; j < nk; j++) row[j] = SFX(ref_round)(row[j] * inv, pb->dtype);
+  }
+}
+
+static fa_status SFX(ref_forward)(const fa_problem *pb) {
+  const int64_t D = pb->headdim, units = pb->batch * pb->heads_q;
+  const size_t slice = SFX(ref_slice)(pb, 1, 2);
+  const int nt = SFX(ref_threads)(pb, units);
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (int64_t u = 0; u < units; u++) {
+    const int64_t s = u / pb->heads_q, h = u % pb->heads_q, hk = h / pb->group;
+    const fa_seq sq = fa_problem_seq(pb, s);
+    const fa_params *pr = pb->params;
+    const fa_mask mk = fa_mask_make(sq.nq, sq.nk, pr->causal, pr->window_enabled,
+                                    pr->window_left, pr->window_right);
+    REAL *p = (REAL *)((char *)pb->workspace + (size_t)omp_get_thread_num() * slice);
+    REAL *kb = p + (size_t)pb->max_seqlen_q * (size_t)pb->max_seqlen_k;
+    REAL *vb = kb + pb->max_seqlen_k * D, *qrow = vb + pb->max_seqlen_k * D, *orow = qrow + D;
+    float *lse = pb->lse + sq.lse0 + h * sq.lse_head_stride;
+    SFX(ref_load_rows)(kb, &pb->k, sq.kb, sq.k0, sq.nk, hk);
+    SFX(ref_load_rows)(vb, &pb->v, sq.kb, sq.k0, sq.nk, hk);
+    SFX(ref_probabilities)(pb, &sq, &mk, h, SFX(ref_slope)(pb, s, h), kb, p, NULL, qrow, lse);
+    for (int64_t i = 0; i < sq.nq; i++) {
+      memset(orow, 0, (size_t)D * sizeof(REAL));
+      for (int64_t j = 0; j < sq.nk; j++)
+        if (p[i * sq.nk + j] != 0) SFX(ref_axpy)(orow, p[i * sq.nk + j], vb + j * D, D);
+      STORE_ROW((char *)SFX(ref_row)(&pb->o, sq.qb, sq.q0 + i, h), orow, pb->dtype, D);
+    }
+  }
+  return FA_OK;
+}
+
+/* dV = P^T dO, dP = dO V^T, dS = P o (dP - rowsum(P o dP)), dQ = scale dS K,
+ * dK = scale dS^T Q, with P recomputed from scratch (not from lse) so the
+ * oracle's gradients depend on nothing the implementation under test wrote. */
+static fa_status SFX(ref_backward)(const fa_problem *pb) {
+  const int64_t D = pb->headdim, units = pb->batch * pb->heads_k;
+  const size_t slice = SFX(ref_slice)(pb, 2, 4);
+  const size_t nn = (size_t)pb->max_seqlen_q * (size_t)pb->max_seqlen_k;
+  const int nt = SFX(ref_threads)(pb, units);
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (int64_t u = 0; u < units; u++) {
+    const int64_t s = u / pb->heads_k, hk = u % pb->heads_k;
+    const fa_seq sq = fa_problem_seq(pb, s);
+    const fa_params *pr = pb->params;
+    const fa_mask mk = fa_mask_make(sq.nq, sq.nk, pr->causal, pr->window_enabled,
+                                    pr->window_left, pr->window_right);
+    const int64_t nk = sq.nk, MK = pb->max_seqlen_k;
+    REAL *p = (REAL *)((char *)pb->workspace + (size_t)omp_get_thread_num() * slice);
+    REAL *ds = p + nn, *kb = ds + nn, *vb = kb + MK * D, *dkb = vb + MK * D, *dvb = dkb + MK * D;
+    REAL *qrow = dvb + MK * D, *dorow = qrow + D, *dqrow = dorow + D, *dprow = dqrow + D;
+    SFX(ref_load_rows)(kb, &pb->k, sq.kb, sq.k0, nk, hk);
+    SFX(ref_load_rows)(vb, &pb->v, sq.kb, sq.k0, nk, hk);
+    memset(dkb, 0, (size_t)(nk * D) * sizeof(REAL));
+    memset(dvb, 0, (size_t)(nk * D) * sizeof(REAL));
+    for (int64_t h = hk * pb->group; h < (hk + 1) * pb->group; h++) {
+      SFX(ref_probabilities)(pb, &sq, &mk, h, SFX(ref_slope)(pb, s, h), kb, p, ds, qrow, NULL);
+      for (int64_t i = 0; i < sq.nq; i++) {
+        const REAL *prow = p + i * nk;
+        REAL *dsrow = ds + i * nk;
+        LOAD_ROW(qrow, SFX(ref_row)(&pb->q, sq.qb, sq.q0 + i, h), pb->dtype, D);
+        LOAD_ROW(dorow, SFX(ref_row)(&pb->dout, sq.qb, sq.q0 + i, h), pb->dtype, D);
+        REAL di = 0;
+        for (int64_t j = 0; j < nk; j++) {
+          dprow[j] = prow[j] != 0 ? SFX(ref_dot)(dorow, vb + j * D, D) : 0;
+          di += prow[j] * dprow[j];
+          if (prow[j] != 0) SFX(ref_axpy)(dvb + j * D, prow[j], dorow, D);
+        }
+        memset(dqrow, 0, (size_t)D * sizeof(REAL));
+        for (int64_t j = 0; j < nk; j++) {
+          REAL g = prow[j] * (dprow[j] - di);
+          if (pr->softcap > 0 && prow[j] != 0) g *= 1 - dsrow[j] * dsrow[j];
+          dsrow[j] = g; /* dS is materialised, as in Algorithm 0's backward */
+          if (g == 0) continue;
+          SFX(ref_axpy)(dqrow, g, kb + j * D, D);
+          SFX(ref_axpy)(dkb + j * D, (REAL)pb->scale * g, qrow, D);
+        }
+        for (int64_t d = 0; d < D; d++) dqrow[d] *= (REAL)pb->scale;
+        STORE_ROW((char *)SFX(ref_row)(&pb->dq, sq.qb, sq.q0 + i, h), dqrow, pb->dtype, D);
+      }
+    }
+    for (int64_t j = 0; j < nk; j++) {
+      STORE_ROW((char *)SFX(ref_row)(&pb->dk, sq.kb, sq.k0 + j, hk), dkb + j * D, pb->dtype, D);
+      STORE_ROW((char *)SFX(ref_row)(&pb->dv, sq.kb, sq.k0 + j, hk), dvb + j * D, pb->dtype, D);
+    }
+  }
+  return FA_OK;
+}

@@ -90,7 +90,10 @@ typedef struct fa_params {
    * are packed along seqlen; sequence s owns query rows [cu_seqlens_q[s],
    * cu_seqlens_q[s+1]) and key rows [cu_seqlens_k[s], cu_seqlens_k[s+1]).
    * Both arrays hold num_seqs + 1 non-decreasing int32 values starting at 0,
-   * in the device's memory. The LSE layout becomes (heads, total_q). */
+   * in the device's memory. The LSE layout becomes (heads, total_q).
+   * cu_seqlens_q[num_seqs] may be less than q's seqlen (padded buffers): rows
+   * past the last sequence are not read, and their O, lse, dQ (and, for K/V,
+   * dK, dV) rows are left as they were. */
   const int32_t *cu_seqlens_q;
   const int32_t *cu_seqlens_k;
   int64_t num_seqs;
@@ -113,8 +116,9 @@ typedef struct fa_params {
   void *stream;
 
   /* Scratch memory the call may use, of at least the size fa_workspace_size()
-   * reports, in the device's memory. NULL: the library allocates it itself
-   * (and frees it before returning; on CUDA, stream-ordered). */
+   * reports, 64-byte aligned, in the device's memory. NULL: the library
+   * allocates it itself (and frees it before returning; on CUDA,
+   * stream-ordered). */
   void *workspace;
   size_t workspace_bytes;
 } fa_params;
@@ -139,8 +143,10 @@ fa_status fa_backward(const fa_params *params, const fa_tensor *q, const fa_tens
                       const float *lse, fa_tensor *dq, fa_tensor *dk, fa_tensor *dv);
 
 /* Bytes of scratch memory fa_forward (pass FORWARD) or fa_backward (pass
- * BACKWARD) needs for these arguments. Inputs are validated as for the call;
- * only shapes, dtypes and params are read, no data. */
+ * BACKWARD) needs for these arguments. Shapes, dtypes and params are validated
+ * as for the call; data pointers are not read and may be NULL. The forward's
+ * size includes the float32 lse scratch (4 * heads_q * total_q bytes) it uses
+ * when called with lse == NULL. */
 fa_status fa_workspace_size(fa_pass pass, const fa_params *params, const fa_tensor *q,
                             const fa_tensor *k, const fa_tensor *v, size_t *bytes);
 

@@ -84,7 +84,6 @@ typedef struct fa_span {
 static fa_status check_tensor(const fa_tensor *t, const char *name, int is_output,
                               fa_span *span) {
   if (!t) return FA_INVALID("%s: tensor descriptor is NULL", name);
-  if (!t->data) return FA_INVALID("%s: data pointer is NULL", name);
   if (fa_dtype_size(t->dtype) == 0) return FA_INVALID("%s: unknown dtype %d", name, (int)t->dtype);
   if (t->batch < 1) return FA_INVALID("%s: batch must be >= 1 (got %lld)", name, (long long)t->batch);
   if (t->seqlen < 1) return FA_INVALID("%s: seqlen must be >= 1 (got %lld)", name, (long long)t->seqlen);
@@ -130,6 +129,8 @@ static fa_status check_tensor(const fa_tensor *t, const char *name, int is_outpu
     }
   }
   if (span) {
+    /* only the calls read data; fa_workspace_size passes no span */
+    if (!t->data) return FA_INVALID("%s: data pointer is NULL", name);
     span->lo = (uintptr_t)t->data;
     span->hi = span->lo + (uintptr_t)last * fa_dtype_size(t->dtype);
   }
@@ -202,9 +203,17 @@ static fa_status check_overlaps(const fa_named *v, int n) {
   return FA_OK;
 }
 
-static int same_shape(const fa_tensor *a, const fa_tensor *b) {
-  return a->batch == b->batch && a->seqlen == b->seqlen && a->heads == b->heads &&
-         a->headdim == b->headdim;
+/* "dq: seqlen 17 differs from q's 16": names the first dimension that differs. */
+static fa_status check_same_shape(const fa_tensor *a, const char *an, const fa_tensor *b,
+                                  const char *bn) {
+  const char *dim[4] = {"batch", "seqlen", "heads", "headdim"};
+  int64_t x[4] = {a->batch, a->seqlen, a->heads, a->headdim};
+  int64_t y[4] = {b->batch, b->seqlen, b->heads, b->headdim};
+  for (int i = 0; i < 4; i++)
+    if (x[i] != y[i])
+      return fa_set_error(FA_ERR_INVALID_ARGUMENT, "%s: %s %lld differs from %s's %lld (shapes must match)",
+                          an, dim[i], (long long)x[i], bn, (long long)y[i]);
+  return FA_OK;
 }
 
 #define FA_TRY(expr)                 \
@@ -263,7 +272,7 @@ static fa_status make_problem(fa_pass pass, const fa_params *p, const fa_tensor 
   FA_TRY(check_tensor(v, "v", 0, NULL));
   if (k->dtype != q->dtype || v->dtype != q->dtype)
     return FA_INVALID("q, k and v must have the same dtype");
-  if (!same_shape(k, v)) return FA_INVALID("k and v must have the same shape");
+  FA_TRY(check_same_shape(v, "v", k, "k"));
   if (k->batch != q->batch) return FA_INVALID("k: batch %lld differs from q's %lld",
                                               (long long)k->batch, (long long)q->batch);
   if (k->headdim != q->headdim)
@@ -416,8 +425,8 @@ fa_status fa_forward(const fa_params *params, const fa_tensor *q, const fa_tenso
   FA_TRY(make_problem(FA_PASS_FORWARD, params, q, k, v, &pb));
   FA_TRY(check_tensor(o, "o", 1, &nm[3].span));
   if (o->dtype != q->dtype) return FA_INVALID("o: dtype differs from q's");
-  if (!same_shape(o, q)) return FA_INVALID("o: shape must equal q's");
-  FA_TRY(check_tensor(q, "q", 0, &nm[0].span));
+  FA_TRY(check_same_shape(o, "o", q, "q"));
+  FA_TRY(check_tensor(q, "q", 0, &nm[0].span)); /* shapes checked: now data and spans */
   FA_TRY(check_tensor(k, "k", 0, &nm[1].span));
   FA_TRY(check_tensor(v, "v", 0, &nm[2].span));
   nm[0].name = "q", nm[0].t = q, nm[0].output = 0;
@@ -457,11 +466,11 @@ fa_status fa_backward(const fa_params *params, const fa_tensor *q, const fa_tens
     if (ins[i]->dtype != q->dtype) return FA_INVALID("%s: dtype differs from q's", in_names[i]);
   for (int i = 0; i < 3; i++)
     if (outs[i]->dtype != q->dtype) return FA_INVALID("%s: dtype differs from q's", out_names[i]);
-  if (!same_shape(o, q)) return FA_INVALID("o: shape must equal q's");
-  if (!same_shape(dout, q)) return FA_INVALID("dout: shape must equal q's");
-  if (!same_shape(dq, q)) return FA_INVALID("dq: shape must equal q's");
-  if (!same_shape(dk, k)) return FA_INVALID("dk: shape must equal k's");
-  if (!same_shape(dv, v)) return FA_INVALID("dv: shape must equal v's");
+  FA_TRY(check_same_shape(o, "o", q, "q"));
+  FA_TRY(check_same_shape(dout, "dout", q, "q"));
+  FA_TRY(check_same_shape(dq, "dq", q, "q"));
+  FA_TRY(check_same_shape(dk, "dk", k, "k"));
+  FA_TRY(check_same_shape(dv, "dv", v, "v"));
   if (!lse) return FA_INVALID("lse is NULL: the backward pass needs the forward's lse");
   nm[8].name = "lse", nm[8].t = NULL, nm[8].output = 0, nm[8].span = lse_span(&pb, lse);
   FA_TRY(check_overlaps(nm, 9));

@@ -1,0 +1,294 @@
+/* flashattn-bench: times standard attention, FlashAttention-1 and
+ * FlashAttention-2 through the public API on the CPU or a CUDA device and
+ * reports time, FLOP/s and extra memory side by side. Run with --help. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+
+#define PROG "flashattn-bench"
+
+/* The tensors of one case; a forward needs the first four. */
+enum { T_Q, T_K, T_V, T_O, T_DO, T_DQ, T_DK, T_DV, N_TENSORS };
+static const int KV_SHAPED[N_TENSORS] = {0, 1, 1, 0, 0, 0, 1, 1};
+static const char *const TENSOR_NAMES[N_TENSORS] = {"q", "k", "v", "o", "dout", "dq", "dk", "dv"};
+
+typedef struct bench_env {
+  const bench_opts *o;
+  void *stream;     /* CUDA stream, NULL on the CPU */
+  size_t mem_limit; /* bytes a case may allocate */
+} bench_env;
+
+/* Device memory of one case, made fresh for it. */
+typedef struct case_mem {
+  fa_tensor t[N_TENSORS];
+  void *buf[N_TENSORS];
+  float *lse;
+  void *workspace;
+  size_t bytes; /* tensors and lse */
+} case_mem;
+
+static int tensors_needed(bench_pass pass) { return pass == BENCH_FWD ? T_O + 1 : N_TENSORS; }
+
+static fa_tensor describe(const bench_opts *o, int kv, void *data) {
+  const int64_t n = kv ? o->seqlen_k : o->seqlen, h = kv ? o->kv_heads : o->heads;
+  return o->layout == BENCH_BHND ? fa_tensor_bhnd(data, o->dtype, o->batch, n, h, o->headdim)
+                                 : fa_tensor_bnhd(data, o->dtype, o->batch, n, h, o->headdim);
+}
+
+static size_t tensor_elems(const bench_opts *o, int kv) {
+  return (size_t)o->batch * (size_t)(kv ? o->seqlen_k : o->seqlen) *
+         (size_t)(kv ? o->kv_heads : o->heads) * (size_t)o->headdim;
+}
+
+static size_t lse_elems(const bench_opts *o) {
+  return (size_t)o->batch * (size_t)o->heads * (size_t)o->seqlen;
+}
+
+static double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
+
+/* Records why a case did not run to the end; returns -1 for the caller to pass on. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static int fail(bench_result *r, bench_status status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->message, sizeof r->message, fmt, ap);
+  va_end(ap);
+  r->status = status;
+  return -1;
+}
+
+static int fail_fa(bench_result *r, const char *call, fa_status st) {
+  const bench_status status = st == FA_ERR_OUT_OF_MEMORY ? BENCH_OOM
+                              : st == FA_ERR_UNSUPPORTED ? BENCH_UNSUPPORTED
+                                                         : BENCH_ERROR;
+  return fail(r, status, "%s: %s: %s", call, fa_status_string(st), fa_last_error());
+}
+
+static fa_params make_params(const bench_env *e, fa_algorithm impl) {
+  const bench_opts *o = e->o;
+  fa_params p;
+  memset(&p, 0, sizeof p);
+  p.device = o->device;
+  p.algorithm = impl;
+  p.causal = o->causal;
+  p.window_enabled = o->window_enabled;
+  p.window_left = o->window_left;
+  p.window_right = o->window_right;
+  p.softcap = o->softcap;
+  p.num_threads = o->device == FA_DEVICE_CPU ? o->threads : 0;
+  p.stream = e->stream;
+  return p;
+}
+
+/* Allocates the case's tensors and lse and fills them with random numbers. */
+static int alloc_tensors(const bench_env *e, bench_pass pass, uint64_t seed, case_mem *m,
+                         bench_result *r) {
+  const bench_opts *o = e->o;
+  const fa_device d = o->device;
+  const int n = tensors_needed(pass);
+  const size_t es = fa_dtype_size(o->dtype);
+  /* in double first: absurd shapes must not wrap around size_t */
+  double total = (double)o->batch * (double)o->heads * (double)o->seqlen * sizeof(float);
+  for (int i = 0; i < n; i++)
+    total += (double)o->batch * (double)(KV_SHAPED[i] ? o->seqlen_k : o->seqlen) *
+             (double)(KV_SHAPED[i] ? o->kv_heads : o->heads) * (double)o->headdim * (double)es;
+  if (total > (double)e->mem_limit)
+    return fail(r, BENCH_OOM, "tensors need %.1f MiB, more than the %.1f MiB limit",
+                total / (1024.0 * 1024.0), mib(e->mem_limit));
+  m->bytes = (size_t)total;
+  for (int i = 0; i < n; i++) {
+    const size_t count = tensor_elems(o, KV_SHAPED[i]);
+    m->buf[i] = bench_alloc(d, count * es);
+    if (!m->buf[i])
+      return fail(r, BENCH_OOM, "cannot allocate %s (%.1f MiB)", TENSOR_NAMES[i], mib(count * es));
+    if (bench_fill_random(d, e->stream, m->buf[i], o->dtype, count, seed * N_TENSORS + (uint64_t)i))
+      return fail(r, BENCH_ERROR, "filling %s: %s", TENSOR_NAMES[i], bench_device_error());
+    m->t[i] = describe(o, KV_SHAPED[i], m->buf[i]);
+  }
+  m->lse = bench_alloc(d, lse_elems(o) * sizeof(float));
+  if (!m->lse) return fail(r, BENCH_OOM, "cannot allocate lse");
+  if (bench_fill_random(d, e->stream, m->lse, FA_DTYPE_F32, lse_elems(o), seed * N_TENSORS + 99))
+    return fail(r, BENCH_ERROR, "filling lse: %s", bench_device_error());
+  return 0;
+}
+
+/* Asks the library what scratch memory the case needs and passes that in.
+ * The backward pass runs after an untimed forward, so both are allocated;
+ * r->extra_bytes counts what the timed pass itself asks for. */
+static int alloc_workspace(const bench_env *e, bench_pass pass, fa_params *p, case_mem *m,
+                           bench_result *r) {
+  size_t fwd = 0, bwd = 0;
+  fa_status st = fa_workspace_size(FA_PASS_FORWARD, p, &m->t[T_Q], &m->t[T_K], &m->t[T_V], &fwd);
+  if (st != FA_OK) return fail_fa(r, "fa_workspace_size(forward)", st);
+  if (pass != BENCH_FWD) {
+    st = fa_workspace_size(FA_PASS_BACKWARD, p, &m->t[T_Q], &m->t[T_K], &m->t[T_V], &bwd);
+    if (st != FA_OK) return fail_fa(r, "fa_workspace_size(backward)", st);
+  }
+  const size_t need = fwd > bwd ? fwd : bwd;
+  r->extra_bytes = pass == BENCH_FWD ? fwd : pass == BENCH_BWD ? bwd : need;
+  r->extra_known = 1;
+  if (need == 0) return 0;
+  if (need > e->mem_limit - m->bytes)
+    return fail(r, BENCH_OOM, "workspace of %.1f MiB does not fit in the %.1f MiB limit",
+                mib(need), mib(e->mem_limit));
+  m->workspace = bench_alloc(e->o->device, need);
+  if (!m->workspace)
+    return fail(r, BENCH_OOM, "cannot allocate the workspace (%.1f MiB)", mib(need));
+  if (bench_touch(e->o->device, e->stream, m->workspace, need))
+    return fail(r, BENCH_ERROR, "touching the workspace: %s", bench_device_error());
+  p->workspace = m->workspace;
+  p->workspace_bytes = need;
+  return 0;
+}
+
+static void free_case(const bench_env *e, case_mem *m) {
+  for (int i = 0; i < N_TENSORS; i++) bench_free(e->o->device, m->buf[i]);
+  bench_free(e->o->device, m->lse);
+  bench_free(e->o->device, m->workspace);
+}
+
+/* One run of the pass: the forward, the backward, or both. */
+static fa_status run_pass(const fa_params *p, case_mem *m, bench_pass pass, const char **call) {
+  fa_tensor *t = m->t;
+  fa_status st = FA_OK;
+  if (pass != BENCH_BWD) {
+    *call = "fa_forward";
+    st = fa_forward(p, &t[T_Q], &t[T_K], &t[T_V], &t[T_O], m->lse);
+  }
+  if (st == FA_OK && pass != BENCH_FWD) {
+    *call = "fa_backward";
+    st = fa_backward(p, &t[T_Q], &t[T_K], &t[T_V], &t[T_O], &t[T_DO], m->lse, &t[T_DQ], &t[T_DK],
+                     &t[T_DV]);
+  }
+  return st;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Warmup runs, then --repeat timed runs, cut short by --max-time (see --help);
+ * fills ms (median), ms_min and runs. */
+static int time_pass(const bench_env *e, bench_pass pass, const fa_params *p, case_mem *m,
+                     bench_result *r) {
+  const bench_opts *o = e->o;
+  const double budget_ms = 1e3 * o->max_time;
+  double *ms = malloc((size_t)o->repeat * sizeof *ms);
+  bench_timer tm;
+  if (!ms) return fail(r, BENCH_ERROR, "cannot allocate the timing array");
+  if (bench_timer_init(&tm, o->device, e->stream)) {
+    free(ms);
+    return fail(r, BENCH_ERROR, "timer: %s", bench_device_error());
+  }
+  int rc = 0, warm_left = o->warmup;
+  double spent = 0;
+  while (rc == 0 && r->runs < o->repeat) {
+    const char *call = "";
+    if (bench_timer_start(&tm)) {
+      rc = fail(r, BENCH_ERROR, "timer: %s", bench_device_error());
+      break;
+    }
+    const fa_status st = run_pass(p, m, pass, &call);
+    const double t = bench_timer_stop(&tm); /* waits for the device */
+    if (st != FA_OK) rc = fail_fa(r, call, st);
+    else if (t < 0) rc = fail(r, BENCH_ERROR, "%s: %s", call, bench_device_error());
+    if (rc) break;
+    spent += t;
+    if (warm_left > 0 && !(budget_ms > 0 && t >= budget_ms)) {
+      warm_left--;
+      continue;
+    }
+    warm_left = 0;
+    ms[r->runs++] = t;
+    if (budget_ms > 0 && spent >= budget_ms) break;
+  }
+  if (rc == 0) {
+    const int n = r->runs, h = n / 2;
+    qsort(ms, (size_t)n, sizeof *ms, cmp_double);
+    r->ms = n % 2 ? ms[h] : 0.5 * (ms[h - 1] + ms[h]);
+    r->ms_min = ms[0];
+    r->gflops = r->flops / (r->ms * 1e-3) * 1e-9;
+  }
+  bench_timer_destroy(&tm);
+  free(ms);
+  return rc;
+}
+
+static void run_case(const bench_env *e, fa_algorithm impl, bench_pass pass, uint64_t seed,
+                     bench_result *r) {
+  case_mem m;
+  memset(&m, 0, sizeof m);
+  memset(r, 0, sizeof *r);
+  r->impl = impl;
+  r->pass = pass;
+  r->status = BENCH_OK;
+  r->flops = bench_flops(e->o, pass);
+  fa_params p = make_params(e, impl);
+  const char *call = "";
+  if (alloc_tensors(e, pass, seed, &m, r) == 0 && alloc_workspace(e, pass, &p, &m, r) == 0) {
+    /* the backward needs O and lse from a forward: untimed */
+    const fa_status st = pass == BENCH_BWD ? run_pass(&p, &m, BENCH_FWD, &call) : FA_OK;
+    if (st != FA_OK) fail_fa(r, call, st);
+    else time_pass(e, pass, &p, &m, r);
+  }
+  free_case(e, &m);
+}
+
+static void report_failure(const bench_opts *o, const bench_result *r) {
+  if (r->status == BENCH_OK || o->json) return; /* JSON carries it in "error" */
+  fprintf(stderr, PROG ": %s %s: %s\n", bench_impl_name(r->impl), bench_pass_name(r->pass),
+          r->message);
+}
+
+/* The peak, when asked for: measured on the CPU only. */
+static void peak_if_asked(const bench_opts *o, bench_peak *peak) {
+  if (!o->peak) return;
+  if (o->device != FA_DEVICE_CPU) {
+    fprintf(stderr, PROG ": --peak measures the CPU; no peak%% is shown for --device cuda\n");
+    return;
+  }
+  bench_measure_peak(o->threads, peak);
+  bench_print_peak(o, peak);
+}
+
+int main(int argc, char **argv) {
+  bench_opts o;
+  const int rc = bench_parse_args(argc, argv, &o);
+  if (rc >= 0) return rc;
+  const char *why;
+  if (!bench_device_ready(o.device, &why)) {
+    fprintf(stderr, PROG ": --device %s: CUDA is not available: %s\n", bench_device_name(o.device),
+            why);
+    return 1;
+  }
+  bench_peak peak;
+  memset(&peak, 0, sizeof peak);
+  peak_if_asked(&o, &peak);
+  if (o.peak_only) return 0;
+
+  bench_env env = {&o, NULL, bench_memory_limit(o.device)};
+  if (bench_stream_create(o.device, &env.stream)) {
+    fprintf(stderr, PROG ": cannot create a stream: %s\n", bench_device_error());
+    return 1;
+  }
+  bench_result results[BENCH_MAX_PASSES * BENCH_MAX_IMPLS];
+  int n = 0, failed = 0;
+  bench_print_header(&o, &peak);
+  for (int p = 0; p < o.n_passes; p++)
+    for (int i = 0; i < o.n_impls; i++, n++) {
+      /* fresh inputs for every case */
+      run_case(&env, o.impls[i], o.passes[p], (o.seed << 8) + (uint64_t)n, &results[n]);
+      bench_print_result(&o, &peak, &results[n]);
+      report_failure(&o, &results[n]);
+      failed |= results[n].status == BENCH_ERROR;
+    }
+  bench_print_summary(&o, results, n);
+  bench_stream_destroy(o.device, env.stream);
+  return failed ? 1 : 0;
+}

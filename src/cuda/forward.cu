@@ -1,0 +1,401 @@
+/* CUDA backend: what this build supports (fa_cuda_check), the forward pass
+ * (FlashAttention-2 kernels in forward_kernel.cuh; standard attention through
+ * cuBLAS), stream-ordered allocation. Everything runs asynchronously on
+ * params->stream; the flash path never synchronises the host and allocates
+ * nothing. Notes:
+ *  - FA_ALGO_FLASH1 maps to the FlashAttention-2 kernel on the GPU (same
+ *    result; the keys-outer order exists to measure IO on the CPU).
+ *  - The flash kernels need every data pointer 16-byte aligned and the batch,
+ *    seqlen and head strides of q, k, v, o multiples of 8 elements (16-byte
+ *    rows for cp.async and vector stores); otherwise fa_cuda_check reports
+ *    FA_ERR_UNSUPPORTED and FA_ALGO_STANDARD still works.
+ *  - FA_ALGO_STANDARD with varlen copies cu_seqlens to the host (one
+ *    stream synchronisation): it is the baseline, not the fast path.
+ *  - Flash limits: heads_q and batch (num_seqs) at most 65535 each (grid y/z);
+ *    any head dim up to 256 runs the kernel of the next size in {32, 64, 96,
+ *    128, 192, 256} with the extra columns zero-filled in shared memory.
+ *  - Standard workspace: heads_q * max_seqlen_q * max_seqlen_k floats (one
+ *    sequence's S at a time, reused in stream order; for varlen on the device
+ *    the maxima are the total lengths). P is written in place over S.
+ *  - The cuBLAS handle is per host thread, created on first use. */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#include <math.h>
+
+#include <vector>
+
+#include "backend.h"
+#include "common/mask.h"
+#include "forward_kernel.cuh"
+
+namespace {
+
+fa_status cuda_error(cudaError_t e) {
+  return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
+}
+
+#define FA_CUDA_TRY(expr)                         \
+  do {                                            \
+    cudaError_t e_ = (expr);                      \
+    if (e_ != cudaSuccess) return cuda_error(e_); \
+  } while (0)
+
+#define FA_CUBLAS_TRY(expr)                                                                    \
+  do {                                                                                         \
+    cublasStatus_t s_ = (expr);                                                                \
+    if (s_ != CUBLAS_STATUS_SUCCESS)                                                           \
+      return fa_set_error(FA_ERR_DEVICE, "cublas: %s (%s)", cublasGetStatusString(s_), #expr); \
+  } while (0)
+
+bool is_flash(const fa_problem *pb) { return pb->params->algorithm != FA_ALGO_STANDARD; }
+
+/* The flash kernels read and write 16-byte rows. */
+bool rows_aligned(const fa_tensor *t) {
+  if ((uintptr_t)t->data % 16) return false;
+  if (t->batch > 1 && t->stride_batch % 8) return false;
+  if (t->seqlen > 1 && t->stride_seq % 8) return false;
+  if (t->heads > 1 && t->stride_head % 8) return false;
+  return true;
+}
+
+int padded_headdim(int64_t d) {
+  return d <= 32 ? 32 : d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : d <= 192 ? 192 : 256;
+}
+
+/* ---- FlashAttention-2 ------------------------------------------------------ */
+
+template <typename T>
+fa_status flash_dispatch(const fa::FwdArgs &a, cudaStream_t s) {
+  switch (padded_headdim(a.d)) {
+    case 32:
+      return fa::flash_fwd_launch<T, 32>(a, s);
+    case 64:
+      return fa::flash_fwd_launch<T, 64>(a, s);
+    case 96:
+      return fa::flash_fwd_launch<T, 96>(a, s);
+    case 128:
+      return fa::flash_fwd_launch<T, 128>(a, s);
+    case 192:
+      return fa::flash_fwd_launch<T, 192>(a, s);
+    default:
+      return fa::flash_fwd_launch<T, 256>(a, s);
+  }
+}
+
+fa_status flash_forward(const fa_problem *pb) {
+  const fa_params *pr = pb->params;
+  fa::FwdArgs a;
+  a.q = pb->q.data;
+  a.k = pb->k.data;
+  a.v = pb->v.data;
+  a.o = pb->o.data;
+  a.lse = pb->lse;
+  a.q_sb = pb->q.stride_batch, a.q_ss = pb->q.stride_seq, a.q_sh = pb->q.stride_head;
+  a.k_sb = pb->k.stride_batch, a.k_ss = pb->k.stride_seq, a.k_sh = pb->k.stride_head;
+  a.v_sb = pb->v.stride_batch, a.v_ss = pb->v.stride_seq, a.v_sh = pb->v.stride_head;
+  a.o_sb = pb->o.stride_batch, a.o_ss = pb->o.stride_seq, a.o_sh = pb->o.stride_head;
+  a.nq = (int)pb->q.seqlen;
+  a.nk = (int)pb->k.seqlen;
+  a.batch = (int)pb->batch;
+  a.heads_q = (int)pb->heads_q;
+  a.group = (int)pb->group;
+  a.d = (int)pb->headdim;
+  a.max_seqlen_q = (int)pb->max_seqlen_q;
+  a.total_q = pb->total_q;
+  const float log2e = 1.4426950408889634f;
+  a.scale_log2 = pb->scale * log2e;
+  a.cap_log2 = pr->softcap > 0 ? pr->softcap * log2e : 0.f;
+  a.scale_over_cap = pr->softcap > 0 ? pb->scale / pr->softcap : 0.f;
+  a.alibi = pr->alibi_slopes;
+  a.alibi_sb = pr->alibi_stride_batch;
+  a.cu_q = pb->varlen ? pr->cu_seqlens_q : NULL;
+  a.cu_k = pb->varlen ? pr->cu_seqlens_k : NULL;
+  a.causal = pr->causal;
+  a.window_enabled = pr->window_enabled;
+  a.window_left = pr->window_left;
+  a.window_right = pr->window_right;
+  cudaStream_t s = (cudaStream_t)pr->stream;
+  return pb->dtype == FA_DTYPE_F16 ? flash_dispatch<__half>(a, s)
+                                   : flash_dispatch<__nv_bfloat16>(a, s);
+}
+
+/* ---- standard attention (Algorithm 0) through cuBLAS ----------------------- */
+
+struct SoftmaxArgs {
+  float *s;   /* nq x nk per head, heads after each other; P (T) written in place */
+  float *lse; /* lse of (head 0, row 0) of this sequence */
+  int64_t lse_hs;
+  void *o; /* row 0 of this sequence, head 0 (zeroed when nk == 0) */
+  int64_t o_ss, o_sh;
+  int nq, nk, d;
+  float softcap;
+  const float *alibi; /* this sequence's slopes (indexed by head), or NULL */
+  fa_mask mk;
+};
+
+/* One block per (row, head): applies softcap, ALiBi and the masks to the
+ * scaled scores of the row, writes P = softmax (rounded to T) over the first
+ * half of the row's own bytes (row stride 2 nk in T) and the row's lse. */
+template <typename T>
+__global__ void __launch_bounds__(256) std_softmax_kernel(const SoftmaxArgs a) {
+  __shared__ float red[32];
+  const int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+  float *row = a.s + ((int64_t)h * a.nq + i) * a.nk;
+  T *prow = reinterpret_cast<T *>(row);
+  int64_t lo64, hi64;
+  fa_mask_row_range(&a.mk, i, &lo64, &hi64);
+  const int lo = (int)lo64, hi = (int)hi64;
+  const float slope = a.alibi ? a.alibi[h] : 0.f;
+  const int diag = i + a.nk - a.nq;
+  auto score = [&](int j) {
+    float x = row[j];
+    if (a.softcap > 0) x = a.softcap * tanhf(x / a.softcap);
+    x -= slope * fabsf((float)(diag - j));
+    return (j >= lo && j < hi) ? x : -INFINITY;
+  };
+  auto block_reduce = [&](float v, bool is_max) {
+    for (int o = 16; o > 0; o >>= 1) {
+      float w = __shfl_xor_sync(0xffffffffu, v, o);
+      v = is_max ? fmaxf(v, w) : v + w;
+    }
+    __syncthreads();
+    if ((tid & 31) == 0) red[tid >> 5] = v;
+    __syncthreads();
+    const int lane = tid & 31; /* every warp reduces the per-warp partials itself */
+    v = lane < (int)(blockDim.x >> 5) ? red[lane] : (is_max ? -INFINITY : 0.f);
+    for (int o = 16; o > 0; o >>= 1) {
+      float w = __shfl_xor_sync(0xffffffffu, v, o);
+      v = is_max ? fmaxf(v, w) : v + w;
+    }
+    return v;
+  };
+  float mx = -INFINITY;
+  for (int j = tid; j < a.nk; j += blockDim.x) mx = fmaxf(mx, score(j));
+  mx = block_reduce(mx, true);
+  const float base = mx == -INFINITY ? 0.f : mx;
+  float sum = 0.f;
+  for (int j = tid; j < a.nk; j += blockDim.x) sum += expf(score(j) - base);
+  sum = block_reduce(sum, false);
+  const float inv = sum > 0 ? 1.f / sum : 0.f;
+  if (tid == 0) a.lse[h * a.lse_hs + i] = sum > 0 ? base + logf(sum) : -INFINITY;
+  /* In place: P[j] (2 bytes at 2j) overlaps S[j/2], read in this or an earlier chunk. */
+  for (int c = 0; c < a.nk; c += blockDim.x) {
+    const int j = c + tid;
+    const float pj = j < a.nk ? expf(score(j) - base) * inv : 0.f;
+    __syncthreads();
+    if (j < a.nk) prow[j] = T(pj);
+  }
+  if (a.nk == 0) {
+    T *orow = reinterpret_cast<T *>(a.o) + (int64_t)i * a.o_ss + h * a.o_sh;
+    for (int d = tid; d < a.d; d += blockDim.x) orow[d] = T(0.f);
+  }
+}
+
+cublasHandle_t cublas_handle(fa_status *st) {
+  static thread_local cublasHandle_t handle = NULL;
+  *st = FA_OK;
+  if (!handle) {
+    cublasStatus_t s = cublasCreate(&handle);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      handle = NULL;
+      *st = fa_set_error(FA_ERR_DEVICE, "cublas: cublasCreate: %s", cublasGetStatusString(s));
+    }
+  }
+  return handle;
+}
+
+int ld_of(const fa_tensor *t, int64_t rows) {
+  return rows > 1 ? (int)t->stride_seq : (int)t->headdim;
+}
+
+/* Workspace: the scores of every head of one sequence (reused across
+ * sequences, stream-ordered). */
+size_t std_workspace(const fa_problem *pb) {
+  return (size_t)pb->heads_q * (size_t)pb->max_seqlen_q * (size_t)pb->max_seqlen_k * sizeof(float);
+}
+
+fa_status std_forward(const fa_problem *pb) {
+  const fa_params *pr = pb->params;
+  cudaStream_t stream = (cudaStream_t)pr->stream;
+  fa_status st;
+  cublasHandle_t hdl = cublas_handle(&st);
+  if (st != FA_OK) return st;
+  FA_CUBLAS_TRY(cublasSetStream(hdl, stream));
+  const cudaDataType dt = pb->dtype == FA_DTYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
+  const size_t es = 2;
+  const int H = (int)pb->heads_q, Hk = (int)pb->heads_k, G = (int)pb->group;
+  const int D = (int)pb->headdim;
+  float *S = (float *)pb->workspace;
+
+  std::vector<int32_t> cq, ck;
+  if (pb->varlen) {
+    cq.resize((size_t)pb->batch + 1);
+    ck.resize((size_t)pb->batch + 1);
+    FA_CUDA_TRY(cudaMemcpyAsync(cq.data(), pr->cu_seqlens_q, cq.size() * 4, cudaMemcpyDeviceToHost,
+                                stream));
+    FA_CUDA_TRY(cudaMemcpyAsync(ck.data(), pr->cu_seqlens_k, ck.size() * 4, cudaMemcpyDeviceToHost,
+                                stream));
+    FA_CUDA_TRY(cudaStreamSynchronize(stream));
+  }
+  for (int64_t s = 0; s < pb->batch; s++) {
+    int64_t qb = s, kb = s, q0 = 0, k0 = 0, nq = pb->q.seqlen, nk = pb->k.seqlen;
+    int64_t lse0 = s * H * nq, lse_hs = nq;
+    if (pb->varlen) {
+      qb = kb = 0;
+      q0 = cq[s], nq = cq[s + 1] - cq[s];
+      k0 = ck[s], nk = ck[s + 1] - ck[s];
+      lse0 = q0, lse_hs = pb->total_q;
+    }
+    if (nq == 0) continue;
+    const char *Q = (const char *)pb->q.data + fa_tensor_offset(&pb->q, qb, q0, 0) * es;
+    const char *K = (const char *)pb->k.data + fa_tensor_offset(&pb->k, kb, k0, 0) * es;
+    const char *V = (const char *)pb->v.data + fa_tensor_offset(&pb->v, kb, k0, 0) * es;
+    char *O = (char *)pb->o.data + fa_tensor_offset(&pb->o, qb, q0, 0) * es;
+    const long long snn = (long long)nq * nk; /* floats per head of S */
+    const float zero = 0.f, one = 1.f, scale = pb->scale;
+    /* Heads sharing a K/V head form one strided batch (K/V stride 0 inside it);
+     * with no grouping all heads form one batch. */
+    const int calls = G == 1 ? 1 : Hk, per = G == 1 ? H : G;
+    if (nk > 0)
+      for (int c = 0; c < calls; c++) {
+        const int h0 = c * per;
+        const long long kstr = G == 1 ? pb->k.stride_head : 0;
+        /* column-major: S^T (nk x nq) = K^T-view^T (nk x D) * Q-view (D x nq) */
+        FA_CUBLAS_TRY(cublasGemmStridedBatchedEx(
+            hdl, CUBLAS_OP_T, CUBLAS_OP_N, (int)nk, (int)nq, D, &scale,
+            K + (int64_t)(h0 / G) * pb->k.stride_head * es, dt, ld_of(&pb->k, nk), kstr,
+            Q + (int64_t)h0 * pb->q.stride_head * es, dt, ld_of(&pb->q, nq), pb->q.stride_head,
+            &zero, S + h0 * snn, CUDA_R_32F, (int)nk, snn, per, CUBLAS_COMPUTE_32F,
+            CUBLAS_GEMM_DEFAULT));
+      }
+    SoftmaxArgs sa;
+    sa.s = S;
+    sa.lse = pb->lse + lse0;
+    sa.lse_hs = lse_hs;
+    sa.o = O;
+    sa.o_ss = pb->o.stride_seq;
+    sa.o_sh = pb->o.stride_head;
+    sa.nq = (int)nq;
+    sa.nk = (int)nk;
+    sa.d = D;
+    sa.softcap = pr->softcap;
+    sa.alibi = pr->alibi_slopes ? pr->alibi_slopes + s * pr->alibi_stride_batch : NULL;
+    sa.mk = fa_mask_make(nq, nk, pr->causal, pr->window_enabled, pr->window_left, pr->window_right);
+    const dim3 grid((unsigned)nq, (unsigned)H);
+    if (pb->dtype == FA_DTYPE_F16)
+      std_softmax_kernel<__half><<<grid, 256, 0, stream>>>(sa);
+    else
+      std_softmax_kernel<__nv_bfloat16><<<grid, 256, 0, stream>>>(sa);
+    FA_CUDA_TRY(cudaGetLastError());
+    if (nk > 0)
+      for (int c = 0; c < calls; c++) {
+        const int h0 = c * per;
+        const long long vstr = G == 1 ? pb->v.stride_head : 0;
+        /* column-major: O^T (D x nq) = V-view (D x nk) * P^T-view (nk x nq), ldP = 2 nk */
+        FA_CUBLAS_TRY(cublasGemmStridedBatchedEx(
+            hdl, CUBLAS_OP_N, CUBLAS_OP_N, D, (int)nq, (int)nk, &one,
+            V + (int64_t)(h0 / G) * pb->v.stride_head * es, dt, ld_of(&pb->v, nk), vstr,
+            S + h0 * snn, dt, (int)(2 * nk), 2 * snn, &zero,
+            O + (int64_t)h0 * pb->o.stride_head * es, dt, ld_of(&pb->o, nq), pb->o.stride_head, per,
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      }
+  }
+  return FA_OK;
+}
+
+}  // namespace
+
+/* ---- backend interface ------------------------------------------------------ */
+
+int fa_cuda_available(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n > 0;
+}
+
+fa_status fa_cuda_check(const fa_problem *pb, fa_pass pass) {
+  const fa_params *pr = pb->params;
+  if (pass != FA_PASS_FORWARD)
+    return fa_set_error(FA_ERR_UNSUPPORTED,
+                        "cuda: the backward pass is not implemented on CUDA yet");
+  if (pb->dtype != FA_DTYPE_F16 && pb->dtype != FA_DTYPE_BF16)
+    return fa_set_error(FA_ERR_UNSUPPORTED,
+                        "cuda: only f16 and bf16 storage are supported on CUDA");
+  if (pr->dropout_p > 0)
+    return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: dropout is not implemented");
+  if (pr->block_mask)
+    return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: block-sparse attention is not implemented");
+  if (pb->q.seqlen > INT_MAX || pb->k.seqlen > INT_MAX || pb->batch * pb->heads_q > INT_MAX)
+    return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: seqlen and batch*heads must fit in 32 bits");
+  if (is_flash(pb)) {
+    const fa_tensor *ts[3] = {&pb->q, &pb->k, &pb->v};
+    const char *nm[3] = {"q", "k", "v"};
+    for (int i = 0; i < 3; i++)
+      if (!rows_aligned(ts[i]))
+        return fa_set_error(FA_ERR_UNSUPPORTED,
+                            "cuda: flash kernels need %s 16-byte aligned with strides that are "
+                            "multiples of 8 elements (FA_ALGO_STANDARD has no such limit)",
+                            nm[i]);
+    if (pb->heads_q > fa::kFwdMaxGridYZ || pb->batch > fa::kFwdMaxGridYZ)
+      return fa_set_error(FA_ERR_UNSUPPORTED,
+                          "cuda: flash kernels support at most %d heads and %d sequences",
+                          fa::kFwdMaxGridYZ, fa::kFwdMaxGridYZ);
+  } else {
+    const fa_tensor *ts[3] = {&pb->q, &pb->k, &pb->v};
+    for (int i = 0; i < 3; i++)
+      if ((ts[i]->seqlen > 1 &&
+           (ts[i]->stride_seq < ts[i]->headdim || ts[i]->stride_seq > INT_MAX)))
+        return fa_set_error(FA_ERR_UNSUPPORTED,
+                            "cuda: standard attention needs seqlen strides in [headdim, 2^31)");
+    if (pb->heads_q > 65535)
+      return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: standard attention supports <= 65535 heads");
+  }
+  return FA_OK;
+}
+
+size_t fa_cuda_forward_workspace(const fa_problem *pb) {
+  return is_flash(pb) ? 0 : std_workspace(pb);
+}
+
+size_t fa_cuda_backward_workspace(const fa_problem *pb) {
+  (void)pb;
+  return 0;
+}
+
+fa_status fa_cuda_forward(const fa_problem *pb) {
+  /* o is checked here rather than in fa_cuda_check, which runs before o is known */
+  if (is_flash(pb) && !rows_aligned(&pb->o))
+    return fa_set_error(FA_ERR_UNSUPPORTED,
+                        "cuda: flash kernels need o 16-byte aligned with strides that are "
+                        "multiples of 8 elements (FA_ALGO_STANDARD has no such limit)");
+  if (!is_flash(pb) && pb->o.seqlen > 1 &&
+      (pb->o.stride_seq < pb->o.headdim || pb->o.stride_seq > INT_MAX))
+    return fa_set_error(FA_ERR_UNSUPPORTED,
+                        "cuda: standard attention needs seqlen strides in [headdim, 2^31)");
+  return is_flash(pb) ? flash_forward(pb) : std_forward(pb);
+}
+
+fa_status fa_cuda_backward(const fa_problem *pb) {
+  (void)pb;
+  return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: the backward pass is not implemented on CUDA yet");
+}
+
+fa_status fa_cuda_alloc(void **ptr, size_t bytes, void *stream) {
+  *ptr = NULL;
+  cudaError_t e = cudaMallocAsync(ptr, bytes, (cudaStream_t)stream);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    return fa_set_error(FA_ERR_OUT_OF_MEMORY, "cuda: cannot allocate %zu bytes of workspace",
+                        bytes);
+  }
+  if (e != cudaSuccess) return cuda_error(e);
+  return FA_OK;
+}
+
+void fa_cuda_free(void *ptr, void *stream) {
+  if (ptr) (void)cudaFreeAsync(ptr, (cudaStream_t)stream);
+}

@@ -1,0 +1,515 @@
+/* FlashAttention-2 forward on tensor cores (mma.sync m16n8k16, sm_80+).
+ *
+ * One thread block computes BR = 16 * MT * NW query rows of one (sequence,
+ * head): NW warps, each owning MT m-tiles of 16 rows. Q is staged through
+ * shared memory (and kept in registers when QREG), K and V tiles of BC keys
+ * stream through shared memory with cp.async, S = Q K^T stays in registers,
+ * is turned into P by the online softmax (log2 domain, exp2) and fed to
+ * O += P V straight from registers. Shared memory rows are padded by 16 bytes
+ * so every ldmatrix phase hits 8 different bank groups.
+ *
+ * Pipeline (FlashAttention-2's): one load is always in flight behind math:
+ *   wait K_j; sync; load V_j   | S = Q K_j^T, softmax
+ *   wait V_j; sync; load K_j-1 | O += P V_j
+ * Key tiles run from the last to the first, so the masked tiles of a causal
+ * block (the diagonal and the ragged tail) come first and the rest run with
+ * no masking arithmetic. */
+#ifndef FA_CUDA_FORWARD_KERNEL_CUH
+#define FA_CUDA_FORWARD_KERNEL_CUH
+
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "backend.h"
+#include "common/mask.h"
+#include "tile.cuh"
+
+namespace fa {
+
+/* Everything a launch needs, by value (strides in elements). */
+struct FwdArgs {
+  const void *q, *k, *v;
+  void *o;
+  float *lse;
+  int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh;
+  int nq, nk; /* per-sequence lengths when not varlen */
+  int batch, heads_q, group, d;
+  int max_seqlen_q;     /* grid size along queries */
+  int64_t total_q;      /* lse head stride for varlen */
+  float scale_log2;     /* softmax scale * log2(e) */
+  float cap_log2;       /* softcap * log2(e) */
+  float scale_over_cap; /* softcap, ALiBi or scale <= 0 select the transforming kernel */
+  const float *alibi;
+  int64_t alibi_sb;
+  const int32_t *cu_q, *cu_k;
+  int causal, window_enabled;
+  int64_t window_left, window_right;
+};
+
+/* Tile shapes per (padded) head dim: MT m-tiles of 16 rows per warp, NW warps,
+ * BC keys per tile, Q fragments kept in registers (QREG) or re-read from
+ * shared memory. Two m-tiles per warp halve the shared-memory reads of K and V
+ * per mma; the accumulators then limit BC. Every choice compiles without
+ * spills on sm_80 and sm_90 (the build treats spills as errors) and was the
+ * fastest spill-free one measured on an H100 (docs/PERF.md). */
+/* Each FA_FWD<D>_MT/_NW/_BC/_QREG can be overridden with -D for tuning builds. */
+template <int D>
+struct FwdTraits;
+#ifndef FA_FWD32_MT
+#define FA_FWD32_MT 2
+#endif
+#ifndef FA_FWD32_NW
+#define FA_FWD32_NW 4
+#endif
+#ifndef FA_FWD32_QREG
+#define FA_FWD32_QREG true
+#endif
+#ifndef FA_FWD32_BC
+#define FA_FWD32_BC 64
+#endif
+template <>
+struct FwdTraits<32> {
+  static constexpr int MT = FA_FWD32_MT, NW = FA_FWD32_NW, BC = FA_FWD32_BC;
+  static constexpr bool QREG = FA_FWD32_QREG;
+};
+#ifndef FA_FWD64_MT
+#define FA_FWD64_MT 2
+#endif
+#ifndef FA_FWD64_NW
+#define FA_FWD64_NW 4
+#endif
+#ifndef FA_FWD64_QREG
+#define FA_FWD64_QREG false
+#endif
+#ifndef FA_FWD64_BC
+#define FA_FWD64_BC 64
+#endif
+template <>
+struct FwdTraits<64> {
+  static constexpr int MT = FA_FWD64_MT, NW = FA_FWD64_NW, BC = FA_FWD64_BC;
+  static constexpr bool QREG = FA_FWD64_QREG;
+};
+#ifndef FA_FWD96_MT
+#define FA_FWD96_MT 2
+#endif
+#ifndef FA_FWD96_NW
+#define FA_FWD96_NW 4
+#endif
+#ifndef FA_FWD96_QREG
+#define FA_FWD96_QREG false
+#endif
+#ifndef FA_FWD96_BC
+#define FA_FWD96_BC 64
+#endif
+template <>
+struct FwdTraits<96> {
+  static constexpr int MT = FA_FWD96_MT, NW = FA_FWD96_NW, BC = FA_FWD96_BC;
+  static constexpr bool QREG = FA_FWD96_QREG;
+};
+#ifndef FA_FWD128_MT
+#define FA_FWD128_MT 2
+#endif
+#ifndef FA_FWD128_NW
+#define FA_FWD128_NW 4
+#endif
+#ifndef FA_FWD128_QREG
+#define FA_FWD128_QREG false
+#endif
+#ifndef FA_FWD128_BC
+#define FA_FWD128_BC 32
+#endif
+template <>
+struct FwdTraits<128> {
+  static constexpr int MT = FA_FWD128_MT, NW = FA_FWD128_NW, BC = FA_FWD128_BC;
+  static constexpr bool QREG = FA_FWD128_QREG;
+};
+#ifndef FA_FWD192_MT
+#define FA_FWD192_MT 1
+#endif
+#ifndef FA_FWD192_NW
+#define FA_FWD192_NW 8
+#endif
+#ifndef FA_FWD192_QREG
+#define FA_FWD192_QREG false
+#endif
+#ifndef FA_FWD192_BC
+#define FA_FWD192_BC 64
+#endif
+template <>
+struct FwdTraits<192> {
+  static constexpr int MT = FA_FWD192_MT, NW = FA_FWD192_NW, BC = FA_FWD192_BC;
+  static constexpr bool QREG = FA_FWD192_QREG;
+};
+#ifndef FA_FWD256_MT
+#define FA_FWD256_MT 1
+#endif
+#ifndef FA_FWD256_NW
+#define FA_FWD256_NW 8
+#endif
+#ifndef FA_FWD256_QREG
+#define FA_FWD256_QREG false
+#endif
+#ifndef FA_FWD256_BC
+#define FA_FWD256_BC 64
+#endif
+template <>
+struct FwdTraits<256> {
+  static constexpr int MT = FA_FWD256_MT, NW = FA_FWD256_NW, BC = FA_FWD256_BC;
+  static constexpr bool QREG = FA_FWD256_QREG;
+};
+
+/* Where one sequence's rows live (varlen: from the device-side offsets). */
+struct SeqView {
+  int64_t qb, q0, kb, k0, lse0, lse_hs;
+  int nq, nk;
+};
+__device__ __forceinline__ SeqView seq_view(const FwdArgs &p, int b) {
+  SeqView v;
+  if (p.cu_q) {
+    const int q0 = p.cu_q[b], k0 = p.cu_k[b];
+    v.qb = v.kb = 0;
+    v.q0 = q0;
+    v.k0 = k0;
+    v.nq = p.cu_q[b + 1] - q0;
+    v.nk = p.cu_k[b + 1] - k0;
+    v.lse0 = q0;
+    v.lse_hs = p.total_q;
+  } else {
+    v.qb = v.kb = b;
+    v.q0 = v.k0 = 0;
+    v.nq = p.nq;
+    v.nk = p.nk;
+    v.lse0 = (int64_t)b * p.heads_q * p.nq;
+    v.lse_hs = p.nq;
+  }
+  return v;
+}
+
+/* ROWS x D tile of a strided tensor -> shared memory (row stride D + 8).
+ * Rows >= valid_rows and columns >= d are zero-filled. Each thread owns one
+ * 16-byte column chunk and walks rows NT / CPR apart, so its source address is
+ * one pointer bumped by a stride (no per-iteration 64-bit index registers). */
+template <typename T, int ROWS, int D, int NT>
+__device__ __forceinline__ void load_tile(T *s, const T *g, int64_t stride, int valid_rows, int d,
+                                          int tid) {
+  constexpr int CPR = D / 8, LD = D + 8, RS = NT / CPR, ITERS = (ROWS + RS - 1) / RS;
+  static_assert(RS >= 1, "one row of chunks per pass at least");
+  const int row0 = tid / CPR, ch = tid % CPR;
+  if (NT % CPR != 0 && row0 >= RS) return; /* idle lanes when CPR does not divide NT */
+  int cb = (d - ch * 8) * 2;
+  cb = cb > 16 ? 16 : (cb < 0 ? 0 : cb);
+  const T *src = g + row0 * stride + ch * 8;
+  const uint32_t dst = smem_addr(s + row0 * LD + ch * 8);
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int row = row0 + it * RS;
+    if (ROWS % RS == 0 || row < ROWS) {
+      const int bytes = row < valid_rows ? cb : 0;
+      cp_async16(dst + it * RS * LD * (int)sizeof(T), bytes ? src : g, bytes);
+    }
+    src += RS * stride;
+    asm volatile("" : "+l"(src)); /* keep one pointer, not ITERS precomputed ones */
+  }
+}
+
+template <typename T, int D, int MT, int NW, int BC, bool QREG, bool XF>
+__global__ void __launch_bounds__(NW * 32) flash_fwd_kernel(const FwdArgs p) {
+  constexpr int BR = 16 * MT * NW, NT = NW * 32, LD = D + 8, CPR = D / 8;
+  constexpr float LOG2E = 1.4426950408889634f;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T *sQ = reinterpret_cast<T *>(smem_raw);
+  T *sK = sQ + BR * LD;
+  T *sV = sK + BC * LD;
+
+  /* Query blocks are the fastest grid dimension, so the blocks resident at
+   * once share a few heads' K and V in L2; within a head the longest (causal)
+   * blocks start first. */
+  const int b = blockIdx.z, h = blockIdx.y;
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const SeqView sv = seq_view(p, b);
+  const int nq = sv.nq, nk = sv.nk;
+  const int r0 = m_block * BR;
+  if (r0 >= nq) return;
+  const int rows = min(BR, nq - r0);
+  const int hk = h / p.group;
+
+  int64_t klo, khi, t_lo, t_hi;
+  const fa_mask mk =
+      fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
+  fa_mask_block_range(&mk, r0, r0 + rows, &klo, &khi);
+  const int n_begin = (int)(klo / BC);
+  const int n_end = khi > klo ? (int)((khi + BC - 1) / BC) : n_begin;
+  /* Columns every row of the block sees: tiles inside need no mask. */
+  fa_mask_row_range(&mk, r0 + rows - 1, &t_lo, &t_hi);
+  const int lo_max = (int)t_lo;
+  fa_mask_row_range(&mk, r0, &t_lo, &t_hi);
+  const int hi_min = (int)t_hi;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+
+  const T *gQ = (const T *)p.q + sv.qb * p.q_sb + (sv.q0 + r0) * p.q_ss + h * p.q_sh;
+  const T *gK = (const T *)p.k + sv.kb * p.k_sb + sv.k0 * p.k_ss + hk * p.k_sh;
+  const T *gV = (const T *)p.v + sv.kb * p.v_sb + sv.k0 * p.v_ss + hk * p.v_sh;
+
+  load_tile<T, BR, D, NT>(sQ, gQ, p.q_ss, rows, p.d, tid);
+  int n = n_end - 1;
+  if (n >= n_begin)
+    load_tile<T, BC, D, NT>(sK, gK + (int64_t)n * BC * p.k_ss, p.k_ss, min(BC, nk - n * BC), p.d,
+                            tid);
+  cp_async_commit();
+
+  const int wrow = warp * MT * 16; /* first row of this warp inside the block */
+  /* Per-lane shared addresses (bytes) of the ldmatrix sources: Q as the
+   * row-major A operand, K as the "col" B operand, V through .trans. */
+  constexpr int ES = (int)sizeof(T);
+  const uint32_t q_lane = smem_addr(sQ) + ((wrow + (lane & 15)) * LD + (lane >> 4) * 8) * ES;
+  const uint32_t k_lane =
+      smem_addr(sK) + (((lane & 7) + ((lane >> 4) << 3)) * LD + ((lane >> 3) & 1) * 8) * ES;
+  const uint32_t v_lane =
+      smem_addr(sV) + (((lane & 7) + (((lane >> 3) & 1) << 3)) * LD + (lane >> 4) * 8) * ES;
+
+  uint32_t qf[QREG ? MT : 1][QREG ? D / 16 : 1][4];
+  if constexpr (QREG) {
+    cp_async_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        ldmatrix_x4(qf[mt][kk], q_lane + (mt * 16 * LD + kk * 16) * ES);
+  }
+
+  float acc_o[MT][D / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] = 0.f;
+
+  /* Per-row state: running max (units of the score as held), partial sum. */
+  float m_run[MT][2], l_run[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      m_run[mt][r] = -INFINITY;
+      l_run[mt][r] = 0.f;
+    }
+  /* exp2 argument = score * mul - max * mul: raw scores times scale*log2e on the
+   * plain path, already-transformed log2-domain scores otherwise. */
+  const float mul = XF ? 1.f : p.scale_log2;
+  const float slope_log2 = XF && p.alibi ? p.alibi[(int64_t)b * p.alibi_sb + h] * LOG2E : 0.f;
+
+  /* One key tile: the body is instantiated twice, with and without masking
+   * arithmetic, so unmasked tiles (most of them) carry none of it. */
+  auto step = [&](const int n, auto masked) {
+    constexpr bool MASK = decltype(masked)::value;
+    const int c0 = n * BC;
+    cp_async_wait<0>();
+    __syncthreads(); /* K_n landed; every warp is done with V_{n+1} */
+    load_tile<T, BC, D, NT>(sV, gV + (int64_t)c0 * p.v_ss, p.v_ss, min(BC, nk - c0), p.d, tid);
+    cp_async_commit();
+
+    float acc_s[MT][BC / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (QREG) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][kk][e];
+        } else {
+          ldmatrix_x4(a[mt], q_lane + (mt * 16 * LD + kk * 16) * ES);
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < BC / 16; ++np) {
+        uint32_t bk[4];
+        ldmatrix_x4(bk, k_lane + (np * 16 * LD + kk * 16) * ES);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma16816<T>(acc_s[mt][2 * np], a[mt], bk[0], bk[1]);
+          mma16816<T>(acc_s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+        }
+      }
+    }
+
+    /* Scores -> probabilities (online softmax); masks only in MASK steps. */
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = r0 + wrow + mt * 16 + g + 8 * r; /* this row, in the sequence */
+        int row_lo = 0, row_hi = nk;
+        if constexpr (MASK) {
+          int64_t lo, hi;
+          /* rebuilt from the kernel arguments, not kept live across the loop */
+          const fa_mask mr =
+              fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
+          fa_mask_row_range(&mr, i, &lo, &hi);
+          row_lo = (int)lo;
+          row_hi = (int)hi;
+        }
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float x = acc_s[mt][nt][2 * r + e];
+            const int col = c0 + nt * 8 + 2 * t + e;
+            if constexpr (XF) {
+              x = p.cap_log2 > 0.f ? p.cap_log2 * tanhf(x * p.scale_over_cap) : x * p.scale_log2;
+              x -= slope_log2 * fabsf((float)(i + nk - nq - col));
+            }
+            if (MASK && (col < row_lo || col >= row_hi)) x = -INFINITY;
+            acc_s[mt][nt][2 * r + e] = x;
+            mx = fmaxf(mx, x);
+          }
+        float base;
+        const float alpha = online_rescale(m_run[mt][r], mx, mul, &base);
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pe = exp2f(fmaf(acc_s[mt][nt][2 * r + e], mul, -base));
+            acc_s[mt][nt][2 * r + e] = pe;
+            sum += pe;
+          }
+        l_run[mt][r] = l_run[mt][r] * alpha + sum;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+          acc_o[mt][dt][2 * r] *= alpha;
+          acc_o[mt][dt][2 * r + 1] *= alpha;
+        }
+      }
+
+    cp_async_wait<0>();
+    __syncthreads(); /* V_n landed; every warp is done with K_n */
+    if (n > n_begin)
+      load_tile<T, BC, D, NT>(sK, gK + (int64_t)(c0 - BC) * p.k_ss, p.k_ss, BC, p.d, tid);
+    cp_async_commit();
+
+    /* O += P V, P straight from the S accumulators (C layout == A layout). */
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        a[mt][0] = pack2<T>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+        a[mt][1] = pack2<T>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+        a[mt][2] = pack2<T>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+        a[mt][3] = pack2<T>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t bv[4];
+        ldmatrix_x4_trans(bv, v_lane + (kk * 16 * LD + dp * 16) * ES);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma16816<T>(acc_o[mt][2 * dp], a[mt], bv[0], bv[1]);
+          mma16816<T>(acc_o[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
+        }
+      }
+    }
+  };
+  for (; n >= n_begin; --n) {
+    const int c0 = n * BC;
+    if (c0 + BC > nk || c0 < lo_max || c0 + BC > hi_min)
+      step(n, std::true_type());
+    else
+      step(n, std::false_type());
+  }
+  cp_async_wait<0>();
+
+  /* Normalise, write lse, stage O through shared memory for 16-byte stores. */
+  __syncthreads(); /* every warp is done with sQ/sK/sV */
+  /* Output addresses are rebuilt here rather than kept live through the loop. */
+  const SeqView so = seq_view(p, blockIdx.z);
+  const int ho = blockIdx.y, ro = (gridDim.x - 1 - blockIdx.x) * BR;
+  const int rows_o = min(BR, so.nq - ro);
+  float *lse_row = p.lse + so.lse0 + ho * so.lse_hs + ro;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float lse;
+      const float inv = online_finish(m_run[mt][r] * mul, l_run[mt][r], &lse);
+      const int lr = wrow + mt * 16 + g + 8 * r;
+      if (t == 0 && lr < rows_o) lse_row[lr] = lse;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt)
+        *reinterpret_cast<uint32_t *>(sQ + lr * LD + dt * 8 + 2 * t) =
+            pack2<T>(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
+    }
+  __syncthreads();
+  T *gO = (T *)p.o + so.qb * p.o_sb + (so.q0 + ro) * p.o_ss + ho * p.o_sh;
+#pragma unroll
+  for (int it = 0; it < (BR * CPR + NT - 1) / NT; ++it) {
+    const int idx = tid + it * NT;
+    const int row = idx / CPR, ch = idx % CPR;
+    if ((BR * CPR % NT == 0 || idx < BR * CPR) && row < rows_o && ch * 8 < p.d) {
+      const T *src = sQ + row * LD + ch * 8;
+      T *dst = gO + row * p.o_ss + ch * 8;
+      if (ch * 8 + 8 <= p.d) {
+        *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+      } else {
+        for (int e = 0; e < p.d - ch * 8; ++e) dst[e] = src[e];
+      }
+    }
+  }
+}
+
+/* Launches the kernel for padded head dim D; sets its shared-memory limit on
+ * first use (once per instantiation). */
+template <typename T, int D>
+fa_status flash_fwd_launch(const FwdArgs &a, cudaStream_t stream) {
+  using C = FwdTraits<D>;
+  constexpr int BR = 16 * C::MT * C::NW;
+  constexpr size_t smem = (size_t)(BR + 2 * C::BC) * (D + 8) * sizeof(T);
+  const bool xform = a.cap_log2 > 0.f || a.alibi != NULL || !(a.scale_log2 > 0.f);
+  auto kernel = xform ? flash_fwd_kernel<T, D, C::MT, C::NW, C::BC, C::QREG, true>
+                      : flash_fwd_kernel<T, D, C::MT, C::NW, C::BC, C::QREG, false>;
+  static bool attr_done[2] = {false, false}; /* idempotent: a race only repeats the call */
+  if (!attr_done[xform]) {
+    cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
+    attr_done[xform] = true;
+  }
+  const dim3 grid((unsigned)((a.max_seqlen_q + BR - 1) / BR), (unsigned)a.heads_q,
+                  (unsigned)a.batch);
+  kernel<<<grid, C::NW * 32, smem, stream>>>(a);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
+  return FA_OK;
+}
+
+/* Block rows of every configuration (the grid's y extent is max_seqlen_q / this). */
+constexpr int kFwdMaxGridYZ = 65535; /* heads_q and batch (num_seqs) are grid y and z */
+
+#define FA_DECLARE_FWD(D)                                                               \
+  extern template fa_status flash_fwd_launch<__half, D>(const FwdArgs &, cudaStream_t); \
+  extern template fa_status flash_fwd_launch<__nv_bfloat16, D>(const FwdArgs &, cudaStream_t);
+FA_DECLARE_FWD(32)
+FA_DECLARE_FWD(64)
+FA_DECLARE_FWD(96)
+FA_DECLARE_FWD(128)
+FA_DECLARE_FWD(192)
+FA_DECLARE_FWD(256)
+#undef FA_DECLARE_FWD
+
+}  // namespace fa
+
+#endif

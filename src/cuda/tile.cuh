@@ -1,0 +1,114 @@
+/* Tile primitives for the tensor-core kernels (sm_80+): cp.async copies into
+ * shared memory, ldmatrix fragment loads, mma.sync m16n8k16 with float32
+ * accumulation, and the online-softmax row update. Fragment layouts are the
+ * PTX ISA's for mma.m16n8k16 (g = lane / 4, t = lane % 4):
+ *   A (16x16, row): a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)
+ *   B (16x8, col):  b0 (k 2t..2t+1, n g)  b1 (k 2t+8.., n g)
+ *   C (16x8, f32):  c0 c1 (g, 2t..2t+1)  c2 c3 (g+8, 2t..2t+1) */
+#ifndef FA_CUDA_TILE_CUH
+#define FA_CUDA_TILE_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace fa {
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16 bytes global -> shared; only src_bytes (0..16) are read, the rest of the
+ * 16 is zero-filled (predicated tails and padded head dims). */
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+/* c += a * b for one m16n8k16 tile; T selects f16 or bf16 operands. */
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                 uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4],
+                                                        uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Two floats -> one register of two T (x in the low half), round to nearest. */
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float x, float y);
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float x, float y) {
+  __half2 h = __floats2half2_rn(x, y);
+  return *reinterpret_cast<uint32_t *>(&h);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float x, float y) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+  return *reinterpret_cast<uint32_t *>(&h);
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+/* Online softmax, one row held by a quad of threads. Scores are held in some
+ * unit and mul (> 0) turns them into log2 units. Folds a new tile's row
+ * maximum into m and returns the factor that rescales the old l and O; sets
+ * *base to max * mul, the value to subtract before exp2 (0 while the row has
+ * seen only masked scores, so -inf - -inf never happens). */
+__device__ __forceinline__ float online_rescale(float &m, float tile_max, float mul, float *base) {
+  const float m_new = fmaxf(m, quad_max(tile_max));
+  const float b = m_new == -INFINITY ? 0.f : m_new;
+  const float alpha = exp2f((m - b) * mul); /* m = -inf: 0 */
+  m = m_new;
+  *base = b * mul;
+  return alpha;
+}
+
+/* Final normalisation of a row: 1/l (0 for a fully masked row) and the
+ * natural-log log-sum-exp (-inf for a fully masked row). */
+__device__ __forceinline__ float online_finish(float m, float l_partial, float *lse) {
+  const float l = quad_sum(l_partial);
+  *lse = l > 0.f ? (m + __log2f(l)) * 0.69314718055994531f : -INFINITY;
+  return l > 0.f ? 1.f / l : 0.f;
+}
+
+}  // namespace fa
+
+#endif

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The GPU machine's one check: builds the CUDA backend (sm_90, shared library,
+# into build-gpu), runs test_cuda against the float64 CPU oracle, runs
+# compute-sanitizer memcheck and racecheck on test_cuda --small, then the
+# forward benchmark against PyTorch SDPA (tools/bench_sdpa.py), table last.
+# Logs and JSON go to $OUT (the device tool's output folder) or build-gpu/out.
+# Usage: tools/gpu-check.sh [--no-test] [--no-sanitize] [--no-bench] [--quick-bench]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/build-gpu/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+run_test=1 run_san=1 run_bench=1 bench_args=()
+for a in "$@"; do
+  case "$a" in
+    --no-test) run_test=0 ;;
+    --no-sanitize) run_san=0 ;;
+    --no-bench) run_bench=0 ;;
+    --quick-bench) bench_args+=(--quick) ;;
+    *) echo "unknown option $a" >&2; exit 2 ;;
+  esac
+done
+status=0
+t0=$(date +%s)
+stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+stamp "build (sm_90, Release, shared)"
+# the C test suite and flashattn-bench only when their sources are there
+tests=ON; ls tests/*.c >/dev/null 2>&1 || tests=OFF
+bench=ON; ls bench/*.c >/dev/null 2>&1 || bench=OFF
+if ! { cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
+         -DFLASHATTN_CUDA_ARCHS=90 -DBUILD_SHARED_LIBS=ON -DFLASHATTN_TESTS=$tests \
+         -DFLASHATTN_BENCH=$bench && cmake --build build-gpu -j"$(nproc)"; } >"$OUT/build.log" 2>&1; then
+  tail -40 "$OUT/build.log"
+  exit 1
+fi
+
+if [ $run_test = 1 ]; then
+  stamp "test_cuda"
+  ./build-gpu/bin/test_cuda >"$OUT/test_cuda.log" 2>&1 || status=1
+  grep -E "^FAIL|passed" "$OUT/test_cuda.log" | tail -30
+fi
+
+if [ $run_san = 1 ]; then
+  for tool in memcheck racecheck; do
+    stamp "compute-sanitizer --tool $tool test_cuda --small"
+    compute-sanitizer --tool $tool --error-exitcode 3 ./build-gpu/bin/test_cuda --small \
+      >"$OUT/$tool.log" 2>&1 || status=1
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|^FAIL|Error" "$OUT/$tool.log" | tail -5
+  done
+fi
+
+if [ $run_bench = 1 ]; then
+  stamp "bench_sdpa"
+  lib=$(ls build-gpu/libflashattn.so* 2>/dev/null | head -1)
+  python3 tools/bench_sdpa.py --lib "$lib" --json "$OUT/bench_sdpa.json" "${bench_args[@]}" \
+    >"$OUT/bench_sdpa.txt" 2>"$OUT/bench_sdpa.err" || { status=1; tail -20 "$OUT/bench_sdpa.err"; }
+fi
+stamp "done (status $status)"
+[ $run_bench = 1 ] && cat "$OUT/bench_sdpa.txt"
+exit $status

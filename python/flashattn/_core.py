@@ -1,0 +1,332 @@
+"""Framework-neutral forward/backward: argument checks, descriptors, params.
+
+An adapter (numpy's in flashattn/numpy.py, torch's in flashattn/_torch.py) says how
+to read an array's pointer, dtype, strides and device and how to allocate; this
+module does everything else the same way for both.
+"""
+import math
+
+from . import _lib
+from ._lib import Algorithm, Device, DType
+
+# ---- plain-python argument normalisation ---------------------------------------
+
+
+class Options:
+    """The attention variant, resolved to what fa_params wants."""
+
+    __slots__ = ("softmax_scale", "causal", "window_enabled", "window_left", "window_right",
+                 "softcap", "dropout_p", "dropout_seed", "dropout_offset", "deterministic",
+                 "algorithm", "block_size_q", "block_size_k", "num_threads")
+
+    def __init__(self, softmax_scale=0.0, causal=False, window_enabled=False, window_left=-1,
+                 window_right=-1, softcap=0.0, dropout_p=0.0, dropout_seed=0,
+                 dropout_offset=0, deterministic=False, algorithm=int(Algorithm.FLASH2),
+                 block_size_q=0, block_size_k=0, num_threads=0):
+        self.softmax_scale = float(softmax_scale)
+        self.causal = bool(causal)
+        self.window_enabled = bool(window_enabled)
+        self.window_left = int(window_left)
+        self.window_right = int(window_right)
+        self.softcap = float(softcap)
+        self.dropout_p = float(dropout_p)
+        self.dropout_seed = int(dropout_seed)
+        self.dropout_offset = int(dropout_offset)
+        self.deterministic = bool(deterministic)
+        self.algorithm = int(algorithm)
+        self.block_size_q = int(block_size_q)
+        self.block_size_k = int(block_size_k)
+        self.num_threads = int(num_threads)
+
+
+# The C library reads softmax_scale == 0 as "use 1/sqrt(D)"; an explicit 0 (uniform
+# attention) becomes the smallest positive float, which gives the same result.
+_TINY_SCALE = 1.401298464324817e-45
+
+
+def resolve_scale(softmax_scale):
+    if softmax_scale is None:
+        return 0.0
+    s = float(softmax_scale)
+    if not math.isfinite(s):
+        raise ValueError("softmax_scale must be finite (got %r)" % (softmax_scale,))
+    return _TINY_SCALE if s == 0.0 else s
+
+
+def resolve_window(window_size):
+    """flash-attn's window_size=(left, right): (-1, -1) is no window; a negative
+    side is unlimited. Returns (enabled, left, right)."""
+    if window_size is None:
+        return False, -1, -1
+    try:
+        left, right = window_size
+        left, right = int(left), int(right)
+    except (TypeError, ValueError):
+        raise ValueError("window_size must be a pair of ints (left, right), got %r"
+                         % (window_size,)) from None
+    if left < 0 and right < 0:
+        return False, -1, -1
+    return True, (left if left >= 0 else -1), (right if right >= 0 else -1)
+
+
+def resolve_algorithm(algorithm):
+    if isinstance(algorithm, str):
+        try:
+            return int(_lib.ALGORITHMS[algorithm.lower()])
+        except KeyError:
+            pass
+    elif isinstance(algorithm, int) and algorithm in set(int(a) for a in Algorithm):
+        return int(algorithm)
+    raise ValueError("algorithm must be one of %s (got %r)"
+                     % (", ".join(repr(a) for a in _lib.ALGORITHMS), algorithm))
+
+
+def resolve_block_size(block_size):
+    if block_size is None:
+        return 0, 0
+    try:
+        bq, bk = block_size
+        return int(bq), int(bk)
+    except (TypeError, ValueError):
+        raise ValueError("block_size must be a pair of ints (block_q, block_k), got %r"
+                         % (block_size,)) from None
+
+
+def make_options(softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                 dropout_p=0.0, deterministic=False, algorithm="flash2", block_size=None,
+                 dropout_seed=0, num_threads=0):
+    enabled, left, right = resolve_window(window_size)
+    if softcap is None:
+        softcap = 0.0
+    softcap = float(softcap)
+    if not (math.isfinite(softcap) and softcap >= 0):
+        raise ValueError("softcap must be finite and >= 0 (got %r)" % (softcap,))
+    dropout_p = float(dropout_p or 0.0)
+    if not (0.0 <= dropout_p < 1.0):
+        raise ValueError("dropout_p must be in [0, 1) (got %r)" % (dropout_p,))
+    bq, bk = resolve_block_size(block_size)
+    return Options(softmax_scale=resolve_scale(softmax_scale), causal=causal,
+                   window_enabled=enabled, window_left=left, window_right=right,
+                   softcap=softcap, dropout_p=dropout_p, dropout_seed=dropout_seed,
+                   deterministic=deterministic, algorithm=resolve_algorithm(algorithm),
+                   block_size_q=bq, block_size_k=bk, num_threads=num_threads)
+
+
+# ---- validation ----------------------------------------------------------------
+
+
+def check_qkv(A, q, k, v, varlen):
+    """Types, ranks, dtypes, devices and strides of q, k, v. Returns (dtype, device)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not A.is_array(x):
+            raise TypeError("%s must be a %s (got %s); q, k and v must be of one kind"
+                            % (name, A.array_name, type(x).__name__))
+    nd = 3 if varlen else 4
+    layout = "(total_tokens, heads, headdim)" if varlen else "(batch, seqlen, heads, headdim)"
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if len(A.shape(x)) != nd:
+            raise ValueError("%s must have %d dimensions %s, got shape %s"
+                             % (name, nd, layout, tuple(A.shape(x))))
+    dt = A.dtype_code(q, "q")
+    for name, x in (("k", k), ("v", v)):
+        if A.dtype_name(x) != A.dtype_name(q):
+            raise TypeError("q, k and v must have the same dtype (q is %s, %s is %s)"
+                            % (A.dtype_name(q), name, A.dtype_name(x)))
+    dev = A.device(q)
+    for name, x in (("k", k), ("v", v)):
+        if A.device(x) != dev:
+            raise ValueError("q, k and v must be on the same device (q is on %s, %s is on %s)"
+                             % (A.device_name(q), name, A.device_name(x)))
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_strides(A, x, name)
+    if tuple(A.shape(k)) != tuple(A.shape(v)):
+        raise ValueError("k and v must have the same shape (k %s, v %s)"
+                         % (tuple(A.shape(k)), tuple(A.shape(v))))
+    qs, ks = A.shape(q), A.shape(k)
+    if qs[-1] != ks[-1]:
+        raise ValueError("q and k must have the same head dimension (q %d, k %d)"
+                         % (qs[-1], ks[-1]))
+    if not varlen and qs[0] != ks[0]:
+        raise ValueError("q and k must have the same batch size (q %d, k %d)" % (qs[0], ks[0]))
+    if ks[-2] > 0 and qs[-2] % ks[-2]:
+        raise ValueError("the number of q heads (%d) must be a multiple of the number of "
+                         "k/v heads (%d)" % (qs[-2], ks[-2]))
+    return dt, dev
+
+
+def check_strides(A, x, name):
+    st = A.strides(x)
+    shape = A.shape(x)
+    if shape[-1] > 1 and st[-1] != 1:
+        raise ValueError("%s: the last dimension (headdim) must be contiguous (stride 1), "
+                         "got strides %s; call .contiguous() first" % (name, tuple(st)))
+    if any(s < 0 for s in st):
+        raise ValueError("%s: negative strides are not supported (strides %s); make a "
+                         "contiguous copy first" % (name, tuple(st)))
+
+
+def check_like(A, x, name, ref, ref_name):
+    """x must be an array like ref: same kind, shape, dtype, device, unit last stride."""
+    if not A.is_array(x):
+        raise TypeError("%s must be a %s (got %s)" % (name, A.array_name, type(x).__name__))
+    if tuple(A.shape(x)) != tuple(A.shape(ref)):
+        raise ValueError("%s must have the shape of %s %s, got %s"
+                         % (name, ref_name, tuple(A.shape(ref)), tuple(A.shape(x))))
+    if A.dtype_name(x) != A.dtype_name(ref):
+        raise TypeError("%s must have the dtype of %s (%s), got %s"
+                        % (name, ref_name, A.dtype_name(ref), A.dtype_name(x)))
+    if A.device(x) != A.device(ref):
+        raise ValueError("%s must be on the device of %s (%s), got %s"
+                         % (name, ref_name, A.device_name(ref), A.device_name(x)))
+    check_strides(A, x, name)
+
+
+def _aux(A, x, name, dev, kind):
+    """cu_seqlens (int32), alibi slopes (float32), block mask (uint8): 1 or 2-D,
+    on q's device, made contiguous of the wanted dtype (they are small)."""
+    if x is None:
+        return None
+    if not A.is_array(x):
+        raise TypeError("%s must be a %s (got %s)" % (name, A.array_name, type(x).__name__))
+    if A.device(x) != dev:
+        raise ValueError("%s must be on the same device as q (%s), got %s"
+                         % (name, A.device_name_of(dev), A.device_name(x)))
+    return A.aux_contiguous(x, kind, name)
+
+
+def lse_shape(q_shape, varlen):
+    if varlen:
+        return (q_shape[1], q_shape[0])  # (heads, total_q)
+    return (q_shape[0], q_shape[2], q_shape[1])  # (batch, heads, seqlen_q)
+
+
+def descriptor(A, x, dt, varlen):
+    shape = A.shape(x)
+    st = A.strides(x)
+    if varlen:
+        return _lib.make_tensor(A.ptr(x), dt, (1,) + tuple(shape), (0, st[0], st[1]))
+    return _lib.make_tensor(A.ptr(x), dt, shape, st[:3])
+
+
+def _prepare(A, q, k, v, opts, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask, stream):
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
+        raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")
+    dt, dev = check_qkv(A, q, k, v, varlen)
+    keep = []
+    p = _lib.FaParams()
+    p.device = int(dev[0])
+    p.algorithm = opts.algorithm
+    p.softmax_scale = opts.softmax_scale
+    p.causal = int(opts.causal)
+    p.window_enabled = int(opts.window_enabled)
+    p.window_left = opts.window_left
+    p.window_right = opts.window_right
+    p.softcap = opts.softcap
+    p.dropout_p = opts.dropout_p
+    p.dropout_seed = opts.dropout_seed & 0xFFFFFFFFFFFFFFFF
+    p.dropout_offset = opts.dropout_offset & 0xFFFFFFFFFFFFFFFF
+    p.deterministic = int(opts.deterministic)
+    p.num_threads = max(0, opts.num_threads)
+    p.block_size_q = opts.block_size_q
+    p.block_size_k = opts.block_size_k
+    p.stream = stream
+    qs = A.shape(q)
+    num_seqs = qs[0]
+    if varlen:
+        cq = _aux(A, cu_seqlens_q, "cu_seqlens_q", dev, "int32")
+        ck = _aux(A, cu_seqlens_k, "cu_seqlens_k", dev, "int32")
+        for name, c in (("cu_seqlens_q", cq), ("cu_seqlens_k", ck)):
+            if len(A.shape(c)) != 1 or A.shape(c)[0] < 2:
+                raise ValueError("%s must be 1-D with batch_size + 1 >= 2 entries, got shape %s"
+                                 % (name, tuple(A.shape(c))))
+        if A.shape(cq)[0] != A.shape(ck)[0]:
+            raise ValueError("cu_seqlens_q and cu_seqlens_k must have the same length (%d, %d)"
+                             % (A.shape(cq)[0], A.shape(ck)[0]))
+        num_seqs = A.shape(cq)[0] - 1
+        p.cu_seqlens_q = A.ptr(cq)
+        p.cu_seqlens_k = A.ptr(ck)
+        p.num_seqs = num_seqs
+        keep += [cq, ck]
+    if alibi_slopes is not None:
+        a = _aux(A, alibi_slopes, "alibi_slopes", dev, "float32")
+        hq = qs[-2]
+        ash = tuple(A.shape(a))
+        if ash == (hq,):
+            p.alibi_stride_batch = 0
+        elif ash == (num_seqs, hq):
+            p.alibi_stride_batch = hq
+        else:
+            raise ValueError("alibi_slopes must have shape (nheads,) = (%d,) or (batch_size, "
+                             "nheads) = (%d, %d), got %s" % (hq, num_seqs, hq, ash))
+        p.alibi_slopes = A.ptr(a)
+        keep.append(a)
+    if block_mask is not None:
+        m = _aux(A, block_mask, "block_mask", dev, "uint8")
+        p.block_mask = A.ptr(m)
+        keep.append(m)
+    return p, dt, dev, varlen, keep
+
+
+def _empty_problem(A, q, k, varlen):
+    """0: normal; 1: no query rows (empty output); 2: no keys (every row masked)."""
+    qs, ks = A.shape(q), A.shape(k)
+    if varlen:
+        if qs[0] == 0 or qs[1] == 0:
+            return 1
+        return 2 if ks[0] == 0 else 0
+    if qs[0] == 0 or qs[1] == 0 or qs[2] == 0:
+        return 1
+    return 2 if ks[1] == 0 else 0
+
+
+def forward(A, q, k, v, opts, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None,
+            block_mask=None, stream=None):
+    """Returns (out, lse): out like q, lse float32 (batch, heads, seqlen_q) or, for
+    variable-length batches, (heads, total_q)."""
+    p, dt, dev, varlen, keep = _prepare(A, q, k, v, opts, cu_seqlens_q, cu_seqlens_k,
+                                        alibi_slopes, block_mask, stream)
+    out = A.empty_like(q)
+    lse = A.empty(lse_shape(A.shape(q), varlen), "float32", q)
+    empty = _empty_problem(A, q, k, varlen)
+    if empty:
+        if empty == 2:
+            A.fill_(out, 0.0)
+            A.fill_(lse, float("-inf"))
+        return out, lse
+    tq, tk, tv = (descriptor(A, x, dt, varlen) for x in (q, k, v))
+    to = descriptor(A, out, dt, varlen)
+    _lib.forward(p, tq, tk, tv, to, A.ptr(lse), alloc=lambda n: A.workspace(n, q))
+    del keep
+    return out, lse
+
+
+def backward(A, dout, q, k, v, out, lse, opts, cu_seqlens_q=None, cu_seqlens_k=None,
+             alibi_slopes=None, block_mask=None, stream=None):
+    """Returns (dq, dk, dv) for the forward that produced out and lse."""
+    p, dt, dev, varlen, keep = _prepare(A, q, k, v, opts, cu_seqlens_q, cu_seqlens_k,
+                                        alibi_slopes, block_mask, stream)
+    check_like(A, out, "out", q, "q")
+    check_like(A, dout, "dout", q, "q")
+    want = lse_shape(A.shape(q), varlen)
+    if not A.is_array(lse) or tuple(A.shape(lse)) != want:
+        raise ValueError("lse must be the forward's log-sum-exp, float32 of shape %s, got %s"
+                         % (want, tuple(A.shape(lse)) if A.is_array(lse) else type(lse)))
+    if A.device(lse) != dev:
+        raise ValueError("lse must be on the same device as q")
+    lse = A.aux_contiguous(lse, "float32", "lse")
+    dq, dk, dv = A.empty_like(q), A.empty_like(k), A.empty_like(v)
+    if _empty_problem(A, q, k, varlen):
+        for g in (dq, dk, dv):
+            A.fill_(g, 0.0)
+        return dq, dk, dv
+    tq, tk, tv, to, tdo = (descriptor(A, x, dt, varlen) for x in (q, k, v, out, dout))
+    tdq, tdk, tdv = (descriptor(A, x, dt, varlen) for x in (dq, dk, dv))
+    _lib.backward(p, tq, tk, tv, to, tdo, A.ptr(lse), tdq, tdk, tdv,
+                  alloc=lambda n: A.workspace(n, q))
+    del keep
+    return dq, dk, dv
+
+
+DEVICE_NAMES = {Device.CPU: "cpu", Device.CUDA: "cuda"}
+__all__ = ["Options", "make_options", "forward", "backward", "DType"]

@@ -1,0 +1,253 @@
+"""ctypes mirror of include/flashattn.h and the calls into libflashattn.so.
+
+Nothing here knows about numpy or torch: callers hand in raw pointers, shapes and
+element strides. Structures mirror the header field by field (same order, same C
+types); ctypes applies the platform's C alignment rules, and
+python/tests/test_abi.py checks every offset against the header with a C compiler.
+"""
+import ctypes
+import enum
+import os
+
+# ---- enums (values from include/flashattn.h) --------------------------------
+
+
+class Status(enum.IntEnum):
+    OK = 0
+    ERR_INVALID_ARGUMENT = 1
+    ERR_UNSUPPORTED = 2
+    ERR_OUT_OF_MEMORY = 3
+    ERR_DEVICE = 4
+    ERR_INTERNAL = 5
+
+
+class DType(enum.IntEnum):
+    F32 = 0
+    F16 = 1
+    BF16 = 2
+    F64 = 3
+
+
+class Device(enum.IntEnum):
+    CPU = 0
+    CUDA = 1
+
+
+class Algorithm(enum.IntEnum):
+    FLASH2 = 0
+    FLASH1 = 1
+    STANDARD = 2
+
+
+class Pass(enum.IntEnum):
+    FORWARD = 0
+    BACKWARD = 1
+
+
+ALGORITHMS = {"flash2": Algorithm.FLASH2, "flash1": Algorithm.FLASH1,
+              "standard": Algorithm.STANDARD}
+
+MAX_HEADDIM = 256
+
+# ---- structures ---------------------------------------------------------------
+
+_enum_t = ctypes.c_int  # C enums with small non-negative values are int-sized
+
+
+class FaTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", _enum_t),
+        ("batch", ctypes.c_int64),
+        ("seqlen", ctypes.c_int64),
+        ("heads", ctypes.c_int64),
+        ("headdim", ctypes.c_int64),
+        ("stride_batch", ctypes.c_int64),
+        ("stride_seq", ctypes.c_int64),
+        ("stride_head", ctypes.c_int64),
+    ]
+
+
+class FaParams(ctypes.Structure):
+    _fields_ = [
+        ("device", _enum_t),
+        ("algorithm", _enum_t),
+        ("softmax_scale", ctypes.c_float),
+        ("causal", ctypes.c_int),
+        ("window_enabled", ctypes.c_int),
+        ("window_left", ctypes.c_int64),
+        ("window_right", ctypes.c_int64),
+        ("softcap", ctypes.c_float),
+        ("alibi_slopes", ctypes.c_void_p),
+        ("alibi_stride_batch", ctypes.c_int64),
+        ("cu_seqlens_q", ctypes.c_void_p),
+        ("cu_seqlens_k", ctypes.c_void_p),
+        ("num_seqs", ctypes.c_int64),
+        ("dropout_p", ctypes.c_float),
+        ("dropout_seed", ctypes.c_uint64),
+        ("dropout_offset", ctypes.c_uint64),
+        ("block_mask", ctypes.c_void_p),
+        ("block_size_q", ctypes.c_int64),
+        ("block_size_k", ctypes.c_int64),
+        ("deterministic", ctypes.c_int),
+        ("num_threads", ctypes.c_int),
+        ("stream", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+    ]
+
+
+# ---- errors -------------------------------------------------------------------
+
+
+class FlashAttnError(RuntimeError):
+    """A call into libflashattn failed.
+
+    Attributes: status (a Status), status_name ("FA_ERR_UNSUPPORTED", ...),
+    message (the library's fa_last_error() text), function (the C entry point).
+    """
+
+    def __init__(self, status, message, function=""):
+        try:
+            status = Status(status)
+            name = "FA_" + status.name
+        except ValueError:
+            name = "FA_STATUS_%d" % status
+        self.status = status
+        self.status_name = name
+        self.message = message
+        self.function = function
+        where = function + ": " if function else ""
+        super().__init__("%s%s: %s" % (where, name, message))
+
+
+# ---- loading ------------------------------------------------------------------
+
+
+def _find_library():
+    env = os.environ.get("FLASHATTN_LIBRARY")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in ("libflashattn.so", "libflashattn.dylib", "flashattn.dll"):
+        path = os.path.join(here, name)
+        if os.path.exists(path):
+            return path
+    raise ImportError(
+        "flashattn: libflashattn.so not found next to %s. Install the package with "
+        "`pip install .` from the repository root (it builds the C library), or point "
+        "FLASHATTN_LIBRARY at a libflashattn.so built with -DBUILD_SHARED_LIBS=ON." % here)
+
+
+LIBRARY_PATH = _find_library()
+try:
+    lib = ctypes.CDLL(LIBRARY_PATH)
+except OSError as e:  # e.g. a CUDA build on a machine without libcudart
+    raise ImportError("flashattn: cannot load %s: %s" % (LIBRARY_PATH, e)) from e
+
+_P = ctypes.POINTER
+_status = ctypes.c_int
+
+lib.fa_forward.argtypes = [_P(FaParams), _P(FaTensor), _P(FaTensor), _P(FaTensor),
+                           _P(FaTensor), ctypes.c_void_p]
+lib.fa_forward.restype = _status
+lib.fa_backward.argtypes = [_P(FaParams), _P(FaTensor), _P(FaTensor), _P(FaTensor),
+                            _P(FaTensor), _P(FaTensor), ctypes.c_void_p, _P(FaTensor),
+                            _P(FaTensor), _P(FaTensor)]
+lib.fa_backward.restype = _status
+lib.fa_workspace_size.argtypes = [_enum_t, _P(FaParams), _P(FaTensor), _P(FaTensor),
+                                  _P(FaTensor), _P(ctypes.c_size_t)]
+lib.fa_workspace_size.restype = _status
+lib.fa_device_available.argtypes = [_enum_t]
+lib.fa_device_available.restype = ctypes.c_int
+lib.fa_last_error.argtypes = []
+lib.fa_last_error.restype = ctypes.c_char_p
+lib.fa_status_string.argtypes = [_status]
+lib.fa_status_string.restype = ctypes.c_char_p
+lib.fa_version.argtypes = []
+lib.fa_version.restype = ctypes.c_char_p
+lib.fa_tensor_bnhd.argtypes = [ctypes.c_void_p, _enum_t] + [ctypes.c_int64] * 4
+lib.fa_tensor_bnhd.restype = FaTensor
+lib.fa_tensor_bhnd.argtypes = [ctypes.c_void_p, _enum_t] + [ctypes.c_int64] * 4
+lib.fa_tensor_bhnd.restype = FaTensor
+lib.fa_dtype_size.argtypes = [_enum_t]
+lib.fa_dtype_size.restype = ctypes.c_size_t
+
+
+def _check(status, function):
+    if status != Status.OK:
+        msg = lib.fa_last_error() or b""
+        raise FlashAttnError(status, msg.decode("utf-8", "replace"), function)
+
+
+def version():
+    """The C library's version string, "MAJOR.MINOR.PATCH"."""
+    return lib.fa_version().decode()
+
+
+def device_available(device):
+    """True if this build and machine can run on the device ("cpu" or "cuda")."""
+    d = {"cpu": Device.CPU, "cuda": Device.CUDA}[device] if isinstance(device, str) else device
+    return bool(lib.fa_device_available(int(d)))
+
+
+def status_string(status):
+    return lib.fa_status_string(int(status)).decode()
+
+
+def make_tensor(ptr, dtype, shape, strides):
+    """An fa_tensor for a (batch, seqlen, heads, headdim) view with element strides
+    (stride_batch, stride_seq, stride_head); headdim must be contiguous."""
+    t = FaTensor()
+    t.data = ptr
+    t.dtype = int(dtype)
+    t.batch, t.seqlen, t.heads, t.headdim = (int(s) for s in shape)
+    t.stride_batch, t.stride_seq, t.stride_head = (int(s) for s in strides)
+    return t
+
+
+def workspace_size(pass_, params, q, k, v, function="fa_workspace_size"):
+    n = ctypes.c_size_t(0)
+    _check(lib.fa_workspace_size(int(pass_), ctypes.byref(params), ctypes.byref(q),
+                                 ctypes.byref(k), ctypes.byref(v), ctypes.byref(n)),
+           function)
+    return n.value
+
+
+WORKSPACE_ALIGN = 64
+
+
+def _with_workspace(pass_, params, q, k, v, alloc):
+    """Asks the library how much scratch the call needs and lets `alloc(nbytes)`
+    provide it (returning (address, keepalive)); the address must be 64-aligned."""
+    # the query validates every argument the call will: name the call in errors
+    n = workspace_size(pass_, params, q, k, v,
+                       "fa_forward" if pass_ == Pass.FORWARD else "fa_backward")
+    keep = None
+    if n and alloc is not None:
+        addr, keep = alloc(n)
+        if addr % WORKSPACE_ALIGN:
+            raise FlashAttnError(Status.ERR_INTERNAL, "workspace allocator returned a "
+                                 "misaligned address", "workspace")
+        params.workspace = addr
+        params.workspace_bytes = n
+    else:
+        params.workspace = None
+        params.workspace_bytes = 0
+    return keep
+
+
+def forward(params, q, k, v, o, lse_ptr, alloc=None):
+    keep = _with_workspace(Pass.FORWARD, params, q, k, v, alloc)
+    _check(lib.fa_forward(ctypes.byref(params), ctypes.byref(q), ctypes.byref(k),
+                          ctypes.byref(v), ctypes.byref(o), lse_ptr), "fa_forward")
+    del keep
+
+
+def backward(params, q, k, v, o, dout, lse_ptr, dq, dk, dv, alloc=None):
+    keep = _with_workspace(Pass.BACKWARD, params, q, k, v, alloc)
+    _check(lib.fa_backward(ctypes.byref(params), ctypes.byref(q), ctypes.byref(k),
+                           ctypes.byref(v), ctypes.byref(o), ctypes.byref(dout), lse_ptr,
+                           ctypes.byref(dq), ctypes.byref(dk), ctypes.byref(dv)),
+           "fa_backward")
+    del keep

@@ -1,0 +1,259 @@
+"""flashattn on torch tensors: custom ops flashattn::fwd / flashattn::bwd with
+autograd and fake (meta) kernels, so torch.compile keeps each call one graph node.
+
+Outputs and the workspace are allocated with torch (the caching allocator on CUDA);
+CUDA calls run on the tensor's current stream.
+"""
+from typing import Optional, Tuple
+
+import torch
+
+from . import _core
+from ._lib import Device, DType
+
+_DTYPES = {torch.float32: DType.F32, torch.float16: DType.F16, torch.bfloat16: DType.BF16,
+           torch.float64: DType.F64}
+_AUX = {"int32": torch.int32, "float32": torch.float32, "uint8": torch.uint8}
+
+
+class TorchAdapter:
+    array_name = "torch.Tensor"
+
+    @staticmethod
+    def is_array(x):
+        return isinstance(x, torch.Tensor)
+
+    @staticmethod
+    def shape(x):
+        return tuple(x.shape)
+
+    @staticmethod
+    def strides(x):
+        return tuple(x.stride())
+
+    @staticmethod
+    def dtype_name(x):
+        return str(x.dtype).replace("torch.", "")
+
+    @staticmethod
+    def dtype_code(x, name):
+        dt = _DTYPES.get(x.dtype)
+        if dt is None:
+            raise TypeError("%s: unsupported dtype %s; flashattn takes float32 (CPU), float16, "
+                            "bfloat16 and (CPU standard algorithm only) float64"
+                            % (name, x.dtype))
+        return dt
+
+    @staticmethod
+    def device(x):
+        d = x.device
+        if d.type == "cpu":
+            return (Device.CPU, 0)
+        if d.type == "cuda":
+            return (Device.CUDA, d.index if d.index is not None else torch.cuda.current_device())
+        if d.type == "meta":  # shapes only (the fake kernels); never reaches the library
+            return ("meta", 0)
+        raise ValueError("flashattn runs on cpu and cuda tensors, not on %s" % d)
+
+    @staticmethod
+    def device_name(x):
+        return str(x.device)
+
+    @staticmethod
+    def device_name_of(dev):
+        return "cpu" if dev[0] == Device.CPU else "cuda:%d" % dev[1]
+
+    @staticmethod
+    def ptr(x):
+        return x.data_ptr()
+
+    @staticmethod
+    def empty_like(x):
+        return torch.empty_like(x)
+
+    @staticmethod
+    def empty(shape, dtype, like):
+        return torch.empty(shape, dtype=_AUX[dtype], device=like.device)
+
+    @staticmethod
+    def fill_(x, value):
+        x.fill_(value)
+
+    @staticmethod
+    def aux_contiguous(x, kind, name):
+        want = _AUX[kind]
+        if kind == "int32" and x.dtype != want and (x.dtype.is_floating_point or x.is_complex()):
+            raise TypeError("%s must be an integer tensor (int32), got %s" % (name, x.dtype))
+        return x.detach().to(want).contiguous()
+
+    @staticmethod
+    def workspace(nbytes, like):
+        buf = torch.empty(nbytes + 64, dtype=torch.uint8, device=like.device)
+        addr = buf.data_ptr()
+        return (addr + 63) & ~63, buf
+
+
+A = TorchAdapter
+
+
+def _stream_and_threads(q):
+    if q.device.type == "cuda":
+        return torch.cuda.current_stream(q.device).cuda_stream, 0
+    return None, torch.get_num_threads()
+
+
+def _opts(softmax_scale, causal, window_enabled, window_left, window_right, softcap,
+          dropout_p, dropout_seed, deterministic, algorithm, block_size_q, block_size_k,
+          num_threads):
+    return _core.Options(softmax_scale=softmax_scale, causal=causal,
+                         window_enabled=window_enabled, window_left=window_left,
+                         window_right=window_right, softcap=softcap, dropout_p=dropout_p,
+                         dropout_seed=dropout_seed, deterministic=deterministic,
+                         algorithm=algorithm, block_size_q=block_size_q,
+                         block_size_k=block_size_k, num_threads=num_threads)
+
+
+def _device_guard(q):
+    if q.device.type == "cuda":
+        return torch.cuda.device(q.device)
+    import contextlib
+    return contextlib.nullcontext()
+
+
+# ---- the ops --------------------------------------------------------------------
+# Scalar arguments are the resolved fa_params fields (see _core.Options).
+
+
+def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
+              alibi_slopes: Optional[torch.Tensor], block_mask: Optional[torch.Tensor],
+              softmax_scale: float, causal: bool, window_enabled: bool, window_left: int,
+              window_right: int, softcap: float, dropout_p: float, dropout_seed: int,
+              deterministic: bool, algorithm: int, block_size_q: int,
+              block_size_k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    with _device_guard(q):
+        stream, threads = _stream_and_threads(q)
+        opts = _opts(softmax_scale, causal, window_enabled, window_left, window_right, softcap,
+                     dropout_p, dropout_seed, deterministic, algorithm, block_size_q,
+                     block_size_k, threads)
+        return _core.forward(A, q, k, v, opts, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+                             block_mask, stream)
+
+
+def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask, softmax_scale,
+              causal, window_enabled, window_left, window_right, softcap, dropout_p,
+              dropout_seed, deterministic, algorithm, block_size_q, block_size_k):
+    varlen = cu_seqlens_q is not None
+    _core.check_qkv(A, q, k, v, varlen)
+    out = torch.empty_like(q)
+    lse = q.new_empty(_core.lse_shape(tuple(q.shape), varlen), dtype=torch.float32)
+    return out, lse
+
+
+def _bwd_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
+              cu_seqlens_k: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
+              block_mask: Optional[torch.Tensor], softmax_scale: float, causal: bool,
+              window_enabled: bool, window_left: int, window_right: int, softcap: float,
+              dropout_p: float, dropout_seed: int, deterministic: bool, algorithm: int,
+              block_size_q: int, block_size_k: int
+              ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    with _device_guard(q):
+        stream, threads = _stream_and_threads(q)
+        opts = _opts(softmax_scale, causal, window_enabled, window_left, window_right, softcap,
+                     dropout_p, dropout_seed, deterministic, algorithm, block_size_q,
+                     block_size_k, threads)
+        return _core.backward(A, dout, q, k, v, out, lse, opts, cu_seqlens_q, cu_seqlens_k,
+                              alibi_slopes, block_mask, stream)
+
+
+def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask,
+              softmax_scale, causal, window_enabled, window_left, window_right, softcap,
+              dropout_p, dropout_seed, deterministic, algorithm, block_size_q, block_size_k):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+_SCALARS = ("softmax_scale", "causal", "window_enabled", "window_left", "window_right",
+            "softcap", "dropout_p", "dropout_seed", "deterministic", "algorithm",
+            "block_size_q", "block_size_k")
+
+
+def _unit_last_stride(t):
+    if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+        return t.contiguous()
+    return t
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, alibi, block_mask = inputs[:7]
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi, block_mask)
+    ctx.scalars = tuple(inputs[7:])
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k, alibi, block_mask = ctx.saved_tensors
+    dout = _unit_last_stride(dout)
+    dq, dk, dv = _bwd_op(dout, q, k, v, out, lse, cu_q, cu_k, alibi, block_mask, *ctx.scalars)
+    return (dq, dk, dv) + (None,) * (4 + len(_SCALARS))
+
+
+HAS_CUSTOM_OP = hasattr(torch, "library") and hasattr(torch.library, "custom_op") \
+    and hasattr(torch.library, "register_autograd")
+
+if HAS_CUSTOM_OP:
+    _fwd_op = torch.library.custom_op("flashattn::fwd", mutates_args=())(_fwd_impl)
+    _fwd_op.register_fake(_fwd_fake)
+    _bwd_op = torch.library.custom_op("flashattn::bwd", mutates_args=())(_bwd_impl)
+    _bwd_op.register_fake(_bwd_fake)
+    _fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+    def attention(*args):
+        return _fwd_op(*args)
+else:  # torch < 2.4: a plain autograd.Function (no torch.compile integration)
+    _bwd_op = _bwd_impl
+
+    class _FlashAttnFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            out, lse = _fwd_impl(*args)
+            _setup_context(ctx, args, (out, lse))
+            return out, lse
+
+        @staticmethod
+        def backward(ctx, dout, dlse):
+            return _backward(ctx, dout, dlse)
+
+    def attention(*args):
+        return _FlashAttnFunction.apply(*args)
+
+
+def _dropout_seed(dropout_p):
+    if dropout_p > 0:
+        return int(torch.randint(0, 2 ** 62, (1,), dtype=torch.int64).item())
+    return 0
+
+
+def call(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask, opts):
+    """Runs the op with resolved options; returns (out, lse)."""
+    # checked here too so that bad input fails with our message, not the op schema's
+    _core.check_qkv(A, q, k, v, cu_seqlens_q is not None)
+    return attention(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask,
+                     opts.softmax_scale, opts.causal, opts.window_enabled, opts.window_left,
+                     opts.window_right, opts.softcap, opts.dropout_p,
+                     _dropout_seed(opts.dropout_p), opts.deterministic, opts.algorithm,
+                     opts.block_size_q, opts.block_size_k)
+
+
+def backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask,
+             opts):
+    """The backward op called directly (no autograd): returns (dq, dk, dv)."""
+    return _bwd_op(_unit_last_stride(dout), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                   alibi_slopes, block_mask, opts.softmax_scale, opts.causal,
+                   opts.window_enabled, opts.window_left, opts.window_right, opts.softcap,
+                   opts.dropout_p, opts.dropout_seed, opts.deterministic, opts.algorithm,
+                   opts.block_size_q, opts.block_size_k)
+
+
+__all__ = ["call", "backward", "TorchAdapter", "HAS_CUSTOM_OP"]

@@ -1,0 +1,170 @@
+"""Shared helpers: the float64 reference (plain torch math, or numpy when torch is
+absent) and error measures.
+
+Reference: softmax(s) v with s = scale q kᵀ, softcapped (c·tanh(s/c)), plus ALiBi
+(-slope·|i + Nk - Nq - j|), then causal / sliding-window masks aligned bottom-right.
+Fully masked rows give out 0 and lse -inf, as the library does.
+"""
+import math
+import os
+
+import numpy as np
+import pytest
+
+try:
+    import torch
+except ImportError:  # numpy-only environment
+    torch = None
+
+import flashattn
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+
+
+def has_cuda():
+    return torch is not None and torch.cuda.is_available() and flashattn.cuda_available()
+
+
+needs_cuda = pytest.mark.skipif(not has_cuda(), reason="no CUDA device or no CUDA backend")
+
+
+def _mask_np(nq, nk, causal, window):
+    i = np.arange(nq)[:, None] + (nk - nq)
+    j = np.arange(nk)[None, :]
+    keep = np.ones((nq, nk), dtype=bool)
+    if causal:
+        keep &= j <= i
+    if window is not None and not (window[0] < 0 and window[1] < 0):
+        left, right = window
+        if left >= 0:
+            keep &= j >= i - left
+        if right >= 0:
+            keep &= j <= i + right
+    return keep, np.abs(i - j).astype(np.float64)
+
+
+def ref_attention_np(q, k, v, scale=None, causal=False, window=(-1, -1), softcap=0.0,
+                     alibi=None):
+    """numpy float64 reference on (B, N, H, D) arrays. Returns (out, lse)."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    b, nq, hq, d = q.shape
+    nk, hk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    k = np.repeat(k, hq // hk, axis=2)
+    v = np.repeat(v, hq // hk, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    keep, dist = _mask_np(nq, nk, causal, window)
+    if alibi is not None:
+        sl = np.asarray(alibi, dtype=np.float64)
+        sl = np.broadcast_to(sl, (b, hq)) if sl.ndim == 1 else sl
+        s = s - sl[:, :, None, None] * dist
+    s = np.where(keep, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    msafe = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(s - msafe)
+    l = e.sum(-1, keepdims=True)
+    p = np.where(l > 0, e / np.where(l > 0, l, 1.0), 0.0)
+    lse = np.where(l[..., 0] > 0, np.log(np.where(l[..., 0] > 0, l[..., 0], 1.0)) + msafe[..., 0],
+                   -np.inf)
+    out = np.einsum("bhqk,bkhd->bqhd", p, v)
+    return out, lse
+
+
+def ref_attention(q, k, v, scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi=None):
+    """torch float64 reference (differentiable) on (B, N, H, D) tensors -> (out, lse)."""
+    q, k, v = (x.double() for x in (q, k, v))
+    b, nq, hq, d = q.shape
+    nk, hk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    k = k.repeat_interleave(hq // hk, dim=2)
+    v = v.repeat_interleave(hq // hk, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    keep, dist = _mask_np(nq, nk, causal, window)
+    keep = torch.from_numpy(keep).to(q.device)
+    if alibi is not None:
+        sl = alibi.double().to(q.device)
+        sl = sl.expand(b, hq) if sl.dim() == 1 else sl
+        s = s - sl[:, :, None, None] * torch.from_numpy(dist).to(q.device)
+    s = s.masked_fill(~keep, float("-inf"))
+    # fully masked rows: a finite dummy row keeps logsumexp's gradient NaN-free
+    rows = keep.any(-1)[:, None]
+    s = torch.where(rows, s, torch.zeros_like(s))
+    lse = torch.logsumexp(s, -1)
+    p = torch.where(keep, torch.exp(s - lse[..., None]), torch.zeros_like(s))
+    out = torch.einsum("bhqk,bkhd->bqhd", p, v)
+    lse = torch.where(rows[..., 0], lse, torch.full_like(lse, float("-inf")))
+    return out, lse
+
+
+def ref_varlen(q, k, v, cu_q, cu_k, **kw):
+    """Per-sequence reference for packed (total, H, D) tensors -> (out, lse (H, total_q))."""
+    outs, lses = [], []
+    cu_q = [int(x) for x in cu_q]
+    cu_k = [int(x) for x in cu_k]
+    hq = q.shape[1]
+    for s in range(len(cu_q) - 1):
+        qs = q[cu_q[s]:cu_q[s + 1]][None]
+        ks = k[cu_k[s]:cu_k[s + 1]][None]
+        vs = v[cu_k[s]:cu_k[s + 1]][None]
+        nq = qs.shape[1]
+        if nq == 0:
+            continue
+        if ks.shape[1] == 0:
+            outs.append(torch.zeros_like(qs[0], dtype=torch.float64))
+            lses.append(torch.full((hq, nq), float("-inf"), dtype=torch.float64, device=q.device))
+            continue
+        al = kw.get("alibi")
+        kw2 = dict(kw)
+        if al is not None and al.dim() == 2:
+            kw2["alibi"] = al[s]
+        o, l = ref_attention(qs, ks, vs, **kw2)
+        outs.append(o[0])
+        lses.append(l[0])
+    return torch.cat(outs, 0), torch.cat(lses, 1)
+
+
+def rel_err(a, b):
+    """||a - b|| / ||b|| in float64, NaN-aware (NaN anywhere -> inf)."""
+    a = np.asarray(_np(a), dtype=np.float64)
+    b = np.asarray(_np(b), dtype=np.float64)
+    if np.isnan(a).any():
+        return float("inf")
+    fin = np.isfinite(b)
+    if not np.array_equal(np.isfinite(a), fin) or not np.array_equal(a[~fin], b[~fin]):
+        return float("inf")
+    num = np.linalg.norm(a[fin] - b[fin])
+    den = np.linalg.norm(b[fin])
+    return float(num / den) if den > 0 else float(num)
+
+
+def _np(x):
+    if torch is not None and isinstance(x, torch.Tensor):
+        return x.detach().cpu().double().numpy()
+    x = np.asarray(x)
+    return x.astype(np.float64) if x.dtype.kind == "f" or x.dtype.name == "bfloat16" else x
+
+
+def assert_close(actual, expected, tol, what=""):
+    e = rel_err(actual, expected)
+    assert e <= tol, "%s: relative error %.3g > %.3g" % (what, e, tol)
+
+
+# Tolerances (relative Frobenius error vs the float64 reference). float32 storage
+# with float32 accumulation meets ~1e-6; half precisions are held to a small multiple
+# of the error of the same math done naively in that precision (measured per test).
+TOL_F32 = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    np.random.seed(0)
+    if torch is not None:
+        torch.manual_seed(0)
+
+
+def slow_enabled():
+    return os.environ.get("FLASHATTN_TEST_SLOW", "1") != "0"

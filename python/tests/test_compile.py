@@ -1,0 +1,87 @@
+"""torch.compile keeps flashattn one graph node (fullgraph=True: no graph breaks)."""
+import pytest
+
+from conftest import TOL_F32, assert_close, needs_torch, slow_enabled
+
+torch = pytest.importorskip("torch")
+import flashattn  # noqa: E402
+
+pytestmark = needs_torch
+
+if not (hasattr(torch, "compile") and flashattn._torch.HAS_CUSTOM_OP):
+    pytest.skip("needs torch.compile and torch.library.custom_op (torch >= 2.4)",
+                allow_module_level=True)
+
+
+def _attn(q, k, v):
+    return flashattn.flash_attn_func(q, k, v, causal=True, window_size=(8, -1), softcap=3.0)
+
+
+def test_fullgraph_single_node():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, k, v: _attn(q, k, v) * 2, backend=backend, fullgraph=True)
+    q, k, v = (torch.randn(2, 24, 2, 16) for _ in range(3))
+    out = f(q, k, v)
+    assert len(graphs) == 1
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert sum("flashattn.fwd" in t for t in targets) == 1, targets
+    assert torch.equal(out, _attn(q, k, v) * 2)
+
+
+def test_sdpa_fullgraph():
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, k, v: flashattn.scaled_dot_product_attention(q, k, v,
+                                                                             is_causal=True),
+                      backend="eager", fullgraph=True)
+    q, k, v = (torch.randn(1, 2, 20, 16) for _ in range(3))
+    assert torch.equal(f(q, k, v), flashattn.scaled_dot_product_attention(q, k, v,
+                                                                          is_causal=True))
+
+
+def test_aot_autograd_backward():
+    """aot_eager traces forward and backward through the fake kernels."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, k, v: _attn(q, k, v).square().sum(), backend="aot_eager",
+                      fullgraph=True)
+    q, k, v = (torch.randn(2, 24, 4, 16, requires_grad=True) for _ in range(3))
+    g = torch.autograd.grad(f(q, k, v), (q, k, v))
+    r = torch.autograd.grad(_attn(q, k, v).square().sum(), (q, k, v))
+    for a, b in zip(g, r):
+        assert_close(a, b, TOL_F32)
+
+
+def test_opcheck():
+    """torch.library.opcheck: schema, fake kernel, autograd registration consistent."""
+    if not hasattr(torch.library, "opcheck"):
+        pytest.skip("torch.library.opcheck needs torch >= 2.4")
+    q, k, v = (torch.randn(1, 9, 2, 8, requires_grad=True) for _ in range(3))
+    args = (q, k, v, None, None, None, None, 0.0, True, False, -1, -1, 0.0, 0.0, 0, False, 0,
+            0, 0)
+    torch.library.opcheck(torch.ops.flashattn.fwd.default, args)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not slow_enabled(), reason="FLASHATTN_TEST_SLOW=0")
+def test_inductor_cpu():
+    """The default backend (inductor, C++ codegen on the CPU) around our op."""
+    torch._dynamo.reset()
+
+    def model(x, w):
+        qkv = (x @ w).view(x.shape[0], x.shape[1], 3, 2, 16)
+        return flashattn.flash_attn_qkvpacked_func(qkv, causal=True).sum(-1).relu()
+
+    f = torch.compile(model, fullgraph=True)
+    x = torch.randn(2, 32, 32)
+    w = torch.randn(32, 96, requires_grad=True)
+    out = f(x, w)
+    ref = model(x, w)
+    assert_close(out, ref, 1e-5)
+    (gw,) = torch.autograd.grad(out.sum(), w)
+    (rw,) = torch.autograd.grad(ref.sum(), w)
+    assert_close(gw, rw, 1e-5)

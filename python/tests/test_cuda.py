@@ -1,0 +1,125 @@
+"""CUDA path (skipped without a GPU or a CUDA build): forward against our CPU backend and
+against torch math in float64; backward where the CUDA backend has it."""
+import pytest
+
+from conftest import assert_close, needs_cuda, ref_attention, ref_varlen, rel_err
+
+torch = pytest.importorskip("torch")
+import flashattn  # noqa: E402
+
+pytestmark = [needs_cuda, pytest.mark.cuda]
+DTYPES = [torch.float16, torch.bfloat16]
+# one rounding of O to the storage type plus P rounded for the PV product
+TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+def _qkv(b, nq, nk, hq, hk, d, dtype, grad=False):
+    q = torch.randn(b, nq, hq, d, device="cuda", dtype=dtype)
+    k = torch.randn(b, nk, hk, d, device="cuda", dtype=dtype)
+    v = torch.randn(b, nk, hk, d, device="cuda", dtype=dtype)
+    return tuple(x.requires_grad_(grad) for x in (q, k, v))
+
+
+def _backward_or_skip(fn):
+    try:
+        return fn()
+    except flashattn.FlashAttnError as e:
+        if e.status == flashattn.Status.ERR_UNSUPPORTED:
+            pytest.skip("CUDA backward: %s" % e.message)
+        raise
+
+
+CASES = {
+    "plain": dict(),
+    "causal": dict(causal=True),
+    "window": dict(window_size=(32, 8)),
+    "softcap": dict(softcap=5.0),
+    "alibi": "alibi",
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_vs_cpu_and_float64(dtype, d, case):
+    kw = CASES[case]
+    if kw == "alibi":
+        kw = dict(alibi_slopes=torch.rand(4, device="cuda") * 0.2)
+    q, k, v = _qkv(2, 131, 257, 4, 2, d, dtype)
+    out, lse, _ = flashattn.flash_attn_func(q, k, v, return_attn_probs=True, **kw)
+    torch.cuda.synchronize()
+    ref_kw = {{"window_size": "window", "alibi_slopes": "alibi"}.get(a, a): b
+              for a, b in kw.items()}
+    rout, rlse = ref_attention(q, k, v, **ref_kw)
+    assert_close(out, rout, TOL[dtype], "out vs float64")
+    assert_close(lse, rlse, 1e-4, "lse vs float64")
+    cpu_kw = {a: (b.cpu() if isinstance(b, torch.Tensor) else b) for a, b in kw.items()}
+    cout = flashattn.flash_attn_func(q.cpu(), k.cpu(), v.cpu(), **cpu_kw)
+    assert rel_err(out, cout) <= 2 * TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
+def test_sdpa_layout_vs_torch(dtype):
+    q = torch.randn(2, 8, 300, 64, device="cuda", dtype=dtype)
+    k = torch.randn(2, 8, 300, 64, device="cuda", dtype=dtype)
+    v = torch.randn(2, 8, 300, 64, device="cuda", dtype=dtype)
+    out = flashattn.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                           is_causal=True)
+    assert out.shape == q.shape and out.is_contiguous()
+    assert_close(out, ref, TOL[dtype], "sdpa")
+
+
+def test_varlen_cuda():
+    cu_q = torch.tensor([0, 50, 50, 177], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 80, 100, 260], dtype=torch.int32, device="cuda")
+    q = torch.randn(177, 4, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(260, 2, 64, device="cuda", dtype=torch.float16)
+    v = torch.randn(260, 2, 64, device="cuda", dtype=torch.float16)
+    out = flashattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 127, 160, causal=True)
+    ref, _ = ref_varlen(q, k, v, cu_q.cpu(), cu_k.cpu(), causal=True)
+    assert_close(out, ref, TOL[torch.float16], "varlen")
+
+
+def test_runs_on_the_current_stream():
+    q, k, v = _qkv(4, 512, 512, 8, 8, 64, torch.float16)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        x = q * 1.0  # queued on s before the call
+        out = flashattn.flash_attn_func(x, k, v)
+    s.synchronize()
+    ref = flashattn.flash_attn_func(q, k, v)
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref)
+
+
+def test_device_mismatch():
+    q, k, v = _qkv(1, 8, 8, 2, 2, 32, torch.float16)
+    with pytest.raises(ValueError, match="same device"):
+        flashattn.flash_attn_func(q, k.cpu(), v)
+    with pytest.raises(ValueError, match="same device"):
+        flashattn.flash_attn_func(q, k, v, alibi_slopes=torch.ones(2))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward(dtype, causal):
+    q, k, v = _qkv(2, 100, 140, 4, 2, 64, dtype, grad=True)
+    out = flashattn.flash_attn_func(q, k, v, causal=causal)
+    dout = torch.randn_like(out)
+    g = _backward_or_skip(lambda: torch.autograd.grad(out, (q, k, v), dout))
+    rq, rk, rv = (x.detach().double().requires_grad_() for x in (q, k, v))
+    rout, _ = ref_attention(rq, rk, rv, causal=causal)
+    rg = torch.autograd.grad(rout, (rq, rk, rv), dout.double())
+    for name, a, b in zip("qkv", g, rg):
+        assert_close(a, b, 4 * TOL[dtype], "d" + name)
+
+
+def test_compile_cuda():
+    if not flashattn._torch.HAS_CUSTOM_OP:
+        pytest.skip("needs torch.library.custom_op")
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, k, v: flashattn.flash_attn_func(q, k, v, causal=True) + 1,
+                      fullgraph=True)
+    q, k, v = _qkv(1, 64, 64, 2, 2, 64, torch.float16)
+    assert torch.equal(f(q, k, v), flashattn.flash_attn_func(q, k, v, causal=True) + 1)

@@ -1,0 +1,137 @@
+"""Bad input gives a clear Python exception, never a crash; C errors carry the C message."""
+import pytest
+
+from conftest import needs_torch, has_cuda
+
+torch = pytest.importorskip("torch")
+import flashattn  # noqa: E402
+
+pytestmark = needs_torch
+
+
+def _qkv(shape=(1, 8, 2, 16), dtype=torch.float32):
+    return tuple(torch.randn(*shape, dtype=dtype) for _ in range(3))
+
+
+def test_error_class_and_status():
+    assert issubclass(flashattn.FlashAttnError, RuntimeError)
+    q, k, v = _qkv()
+    with pytest.raises(flashattn.FlashAttnError) as e:
+        flashattn.flash_attn_func(q, k, v, dropout_p=0.1)
+    err = e.value
+    assert err.status == flashattn.Status.ERR_UNSUPPORTED
+    assert err.status_name == "FA_ERR_UNSUPPORTED"
+    assert "dropout" in err.message and err.message in str(err)
+    assert err.function == "fa_forward"
+
+
+def test_c_validation_message_surfaces():
+    q, k, v = _qkv((1, 4, 1, 300))
+    with pytest.raises(flashattn.FlashAttnError, match="headdim") as e:
+        flashattn.flash_attn_func(q, k, v)
+    assert e.value.status == flashattn.Status.ERR_INVALID_ARGUMENT
+
+
+def test_block_mask_is_unsupported_for_now():
+    q, k, v = _qkv()
+    mask = torch.ones(1, 2, 1, 1, dtype=torch.uint8)
+    with pytest.raises(flashattn.FlashAttnError, match="block") as e:
+        flashattn.flash_attn_func(q, k, v, block_mask=mask, block_size=(64, 64))
+    assert e.value.status == flashattn.Status.ERR_UNSUPPORTED
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.complex64, torch.float8_e4m3fn]
+                         if hasattr(torch, "float8_e4m3fn") else [torch.int32])
+def test_bad_dtype(dtype):
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match="dtype"):
+        flashattn.flash_attn_func(q.to(dtype), k.to(dtype), v.to(dtype))
+
+
+def test_mixed_dtypes():
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match="same dtype"):
+        flashattn.flash_attn_func(q, k.half(), v)
+
+
+@pytest.mark.parametrize("bad", ["q3d", "kv_mismatch", "heads", "batch", "headdim"])
+def test_bad_shapes(bad):
+    q, k, v = _qkv((2, 8, 4, 16))
+    if bad == "q3d":
+        q = q[0]
+    elif bad == "kv_mismatch":
+        v = v[:, :5]
+    elif bad == "heads":
+        k, v = k[:, :, :3], v[:, :, :3]
+    elif bad == "batch":
+        k, v = k[:1], v[:1]
+    elif bad == "headdim":
+        k, v = k[..., :8], v[..., :8]
+    with pytest.raises(ValueError):
+        flashattn.flash_attn_func(q, k, v)
+
+
+def test_bad_options():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="window_size"):
+        flashattn.flash_attn_func(q, k, v, window_size=3)
+    with pytest.raises(ValueError, match="softcap"):
+        flashattn.flash_attn_func(q, k, v, softcap=-1.0)
+    with pytest.raises(ValueError, match="dropout_p"):
+        flashattn.flash_attn_func(q, k, v, dropout_p=1.5)
+    with pytest.raises(ValueError, match="algorithm"):
+        flashattn.flash_attn_func(q, k, v, algorithm="flash3")
+    with pytest.raises(ValueError, match="softmax_scale"):
+        flashattn.flash_attn_func(q, k, v, softmax_scale=float("nan"))
+    with pytest.raises(ValueError, match="alibi_slopes"):
+        flashattn.flash_attn_func(q, k, v, alibi_slopes=torch.ones(3))
+    with pytest.raises(NotImplementedError):
+        flashattn.flash_attn_varlen_func(q[0], k[0], v[0], torch.tensor([0, 8]),
+                                         torch.tensor([0, 8]), 8, 8, block_table=torch.ones(1))
+
+
+def test_bad_varlen_offsets():
+    q, k, v = (x[0] for x in _qkv((1, 8, 2, 16)))
+    good = torch.tensor([0, 3, 8], dtype=torch.int32)
+    with pytest.raises(flashattn.FlashAttnError, match="cu_seqlens_q"):
+        flashattn.flash_attn_varlen_func(q, k, v, torch.tensor([0, 5, 3], dtype=torch.int32),
+                                         good, 5, 5)
+    with pytest.raises(flashattn.FlashAttnError, match="exceeds"):
+        flashattn.flash_attn_varlen_func(q, k, v, good, torch.tensor([0, 3, 9],
+                                                                     dtype=torch.int32), 5, 5)
+    with pytest.raises(ValueError, match="same length"):
+        flashattn.flash_attn_varlen_func(q, k, v, good, torch.tensor([0, 8], dtype=torch.int32),
+                                         8, 8)
+    with pytest.raises(TypeError, match="integer"):
+        flashattn.flash_attn_varlen_func(q, k, v, good.float(), good, 5, 5)
+    with pytest.raises(ValueError, match="3 dimensions"):
+        flashattn.flash_attn_varlen_func(q[None], k[None], v[None], good, good, 5, 5)
+
+
+def test_mixed_array_kinds():
+    np = pytest.importorskip("numpy")
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        flashattn.flash_attn_func(q, k.numpy(), v)
+    with pytest.raises(TypeError, match="numpy.ndarray"):
+        flashattn.flash_attn_func(q.numpy(), k, v.numpy())
+
+
+def test_unsupported_devices():
+    q, k, v = _qkv()
+    qm, km, vm = (x.to("meta") for x in (q, k, v))
+    out = flashattn.flash_attn_func(qm, km, vm)  # shapes only: the fake kernel
+    assert out.device.type == "meta" and out.shape == q.shape
+    if has_cuda():
+        with pytest.raises(ValueError, match="same device"):
+            flashattn.flash_attn_func(q.cuda().half(), k.half(), v.half())
+
+
+@pytest.mark.skipif(has_cuda(), reason="checks the error of a build/machine without CUDA")
+def test_cuda_tensor_without_cuda_backend():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device for torch")
+    q, k, v = (x.cuda().half() for x in _qkv())
+    with pytest.raises(flashattn.FlashAttnError) as e:
+        flashattn.flash_attn_func(q, k, v)
+    assert e.value.status == flashattn.Status.ERR_UNSUPPORTED

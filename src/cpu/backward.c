@@ -15,10 +15,14 @@
  * per-thread dQ accumulators: O(N) extra memory and full parallelism even for
  * B = H = 1.
  *
+ * Every product is one fa_gemm (register-blocked, common/kern.h), with the
+ * same summation order as the forward's scores, so P = exp(S - lse) is
+ * recomputed from bitwise the same S.
+ *
  * Workspace: Di, heads_q * total_q floats (lse layout), then per thread
- *   Q, dO, dQ: 3*Br*D;  K, K^T, V^T, dK, dV: 5*Bc*D;  S, dS, T: 3*Br*Bc;  row: D
- * (each buffer rounded up to 64 bytes). B=H=1, N=65536, D=64: 256 KiB + ~0.3 MiB
- * per thread. */
+ *   Q, dO, dQ: 3*Br*Dp;  K, K^T, V^T, dK, dV: 5*Bc*Dp;  S, dS, T: 3*Br*Bc;
+ *   row ranges: 2*max(Br, Bc) int32 (each buffer rounded up to 64 bytes). B=H=1, N=65536, D=64: 256
+ * KiB + ~0.3 MiB per thread. */
 #include <omp.h>
 
 #include "cpu/cpu.h"
@@ -27,25 +31,27 @@
 static void bwd_ctx(cpu_ctx *c, const fa_problem *pb) { cpu_ctx_init(c, pb, 3, 5, 3); }
 
 typedef struct bwd_bufs {
-  float *Q, *dO, *dQ, *K, *KT, *VT, *dK, *dV, *S, *dS, *T, *row;
+  float *Q, *dO, *dQ, *K, *KT, *VT, *dK, *dV, *S, *dS, *T;
+  int32_t *lo, *hi;
 } bwd_bufs;
 
 static size_t bwd_slice(const cpu_ctx *c, char *base, bwd_bufs *b) {
-  const int64_t D = c->D, br = c->br, bc = c->bc;
+  const int64_t Dp = c->Dp, br = c->br, bc = c->bc, rows = cpu_max(br, bc);
   cpu_carver cv = {base, 0};
   bwd_bufs t;
-  t.Q = cpu_take(&cv, br * D);
-  t.dO = cpu_take(&cv, br * D);
-  t.dQ = cpu_take(&cv, br * D);
-  t.K = cpu_take(&cv, bc * D);
-  t.KT = cpu_take(&cv, D * bc);
-  t.VT = cpu_take(&cv, D * bc);
-  t.dK = cpu_take(&cv, bc * D);
-  t.dV = cpu_take(&cv, bc * D);
+  t.Q = cpu_take(&cv, br * Dp);
+  t.dO = cpu_take(&cv, br * Dp);
+  t.dQ = cpu_take(&cv, br * Dp);
+  t.K = cpu_take(&cv, bc * Dp);
+  t.KT = cpu_take(&cv, Dp * bc);
+  t.VT = cpu_take(&cv, Dp * bc);
+  t.dK = cpu_take(&cv, bc * Dp);
+  t.dV = cpu_take(&cv, bc * Dp);
   t.S = cpu_take(&cv, br * bc);
   t.dS = cpu_take(&cv, br * bc);
   t.T = cpu_take(&cv, br * bc);
-  t.row = cpu_take(&cv, D);
+  t.lo = (int32_t *)cpu_take(&cv, rows);
+  t.hi = (int32_t *)cpu_take(&cv, rows);
   if (b) *b = t;
   return cv.off;
 }
@@ -73,38 +79,65 @@ static bwd_sched bwd_schedule(const cpu_ctx *c) {
   return s;
 }
 
-/* Rows [r0, r0+nr) of query head u->h: Q and dO tiles. */
-static void bwd_load_q(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, int64_t r0,
-                       int64_t nr) {
+/* Rows [r0, r0+nr) of query head u->h: Q and dO tiles, row-major. */
+static void bwd_load_q(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, int64_t r0, int64_t nr) {
   const fa_problem *pb = c->pb;
-  cpu_load_rows(c, b->Q, c->D, &pb->q, u->sq.qb, u->sq.q0 + r0, nr, u->h);
-  cpu_load_rows(c, b->dO, c->D, &pb->dout, u->sq.qb, u->sq.q0 + r0, nr, u->h);
+  const int64_t n0 = u->sq.q0 + r0, bw = c->Dp;
+  c->kn->load_panels(b->Q, (int)bw, 0, cpu_row(c, &pb->q, u->sq.qb, n0, u->h),
+                     pb->q.stride_seq * (int64_t)c->esize, pb->dtype, nr, c->D);
+  c->kn->load_panels(b->dO, (int)bw, 0, cpu_row(c, &pb->dout, u->sq.qb, n0, u->h),
+                     pb->dout.stride_seq * (int64_t)c->esize, pb->dtype, nr, c->D);
 }
 
-/* Keys [c0, c0+nc) of K/V head u->hk: K^T and V^T (and K as rows if wanted). */
-static void bwd_load_kv(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, int64_t c0,
-                        int64_t nc, int want_rows) {
+/* Keys [c0, c0+nc) of K/V head u->hk: K^T and V^T in 16-wide panels (and K
+ * as rows if wanted). */
+static void bwd_load_kv(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, int64_t c0, int64_t nc,
+                        int want_rows) {
   const fa_problem *pb = c->pb;
-  if (want_rows) {
-    cpu_load_rows(c, b->K, c->D, &pb->k, u->sq.kb, u->sq.k0 + c0, nc, u->hk);
-    tile_transpose(b->KT, c->bc, b->K, c->D, nc, c->D);
-  } else {
-    cpu_load_rows_t(c, b->KT, c->bc, &pb->k, u->sq.kb, u->sq.k0 + c0, nc, u->hk, b->row);
-  }
-  cpu_load_rows_t(c, b->VT, c->bc, &pb->v, u->sq.kb, u->sq.k0 + c0, nc, u->hk, b->row);
+  const int64_t n0 = u->sq.k0 + c0;
+  const void *k = cpu_row(c, &pb->k, u->sq.kb, n0, u->hk);
+  const int64_t ks = pb->k.stride_seq * (int64_t)c->esize;
+  if (want_rows) c->kn->load_panels(b->K, (int)c->Dp, 0, k, ks, pb->dtype, nc, c->D);
+  c->kn->load_panels_t(b->KT, 16, 16 * c->D, k, ks, pb->dtype, nc, c->D);
+  c->kn->load_panels_t(b->VT, 16, 16 * c->D, cpu_row(c, &pb->v, u->sq.kb, n0, u->hk),
+                       pb->v.stride_seq * (int64_t)c->esize, pb->dtype, nc, c->D);
+}
+
+/* C (ld Dp) += A B over a tile: A(i, p) = a[i*rsa + p*csa] (m x k), B row-major
+ * k x Dp; lo/hi: per-row ranges of p, or NULL. */
+static void bwd_acc(const cpu_ctx *c, float *C, int64_t m, int64_t k, const float *a, int64_t rsa,
+                    int64_t csa, const float *B, const int32_t *lo, const int32_t *hi) {
+  const int bw = cpu_dbw(c);
+  const fa_gemm g = {m, c->Dp, k, a, rsa, csa, B, c->Dp, bw, bw, C, c->Dp, 1.0f, 1, NULL, lo, hi};
+  c->kn->gemm(&g);
 }
 
 /* One tile of the backward: with Q, dO of rows [r0, r0+nr) and K^T, V^T of
  * keys [c0, c0+nc) loaded, leaves P in S and dS (w.r.t. scale*QK^T, before
- * the factor scale) in dS. */
-static void bwd_step(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, const float *Di,
-                     int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+ * the factor scale) in dS. Returns 1 if the mask's edge crosses the tile. */
+static int bwd_step(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, const float *Di, int64_t r0,
+                    int64_t nr, int64_t c0, int64_t nc) {
   const fa_problem *pb = c->pb;
+  const int64_t bc = c->bc, ncp = fa_round_up(nc, FA_VL);
   float *T = c->cap > 0.0f ? b->T : NULL;
-  cpu_scores(c, u, b->S, b->Q, r0, nr, b->KT, c0, nc, T);
-  tile_exp_lse(b->S, c->bc, nr, nc, pb->lse + cpu_lse_index(u, r0));
-  tile_abt(b->dS, c->bc, b->dO, c->D, nr, b->VT, c->bc, nc, c->D, 1.0f);
-  tile_dsoftmax(b->dS, c->bc, b->S, nr, nc, Di + cpu_lse_index(u, r0), T);
+  fa_gemm g = {nr, ncp,  c->D, b->Q,     c->Dp, 1,    b->KT, 16,  16 * c->D,
+               16, b->S, bc,   c->scale, 0,     NULL, NULL,  NULL};
+  c->kn->gemm(&g);
+  if (c->cap > 0.0f) tile_softcap(b->S, bc, nr, ncp, c->cap, T);
+  if (u->slope != 0.0f) tile_alibi(b->S, bc, nr, ncp, u->slope, r0 + u->sq.nk - u->sq.nq, c0);
+  const int partial = cpu_tile_partial(&u->mk, r0, nr, c0, nc);
+  if (partial) {
+    cpu_mask_ranges(&u->mk, b->lo, b->hi, r0, nr, c0, nc);
+    cpu_mask_fill(b->S, bc, nr, nc, b->lo, b->hi);
+  }
+  c->kn->exp_rows(b->S, bc, nr, ncp, pb->lse + cpu_lse_index(u, r0));
+  g.a = b->dO;
+  g.b = b->VT;
+  g.c = b->dS;
+  g.alpha = 1.0f;
+  c->kn->gemm(&g);
+  c->kn->dsoftmax(b->dS, b->S, bc, nr, ncp, Di + cpu_lse_index(u, r0), T);
+  return partial;
 }
 
 /* Pass 1: Di of rows [r0, r1) of query head u->h. */
@@ -113,11 +146,8 @@ static void bwd_di(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, float *Di, 
   const fa_problem *pb = c->pb;
   for (int64_t r = r0; r < r1; r++) {
     fa_load_row_f32(b->Q, cpu_row(c, &pb->o, u->sq.qb, u->sq.q0 + r, u->h), pb->dtype, c->D);
-    fa_load_row_f32(b->dO, cpu_row(c, &pb->dout, u->sq.qb, u->sq.q0 + r, u->h), pb->dtype,
-                    c->D);
-    float acc = 0.0f;
-    for (int64_t d = 0; d < c->D; d++) acc += b->Q[d] * b->dO[d];
-    Di[cpu_lse_index(u, r)] = acc;
+    fa_load_row_f32(b->dO, cpu_row(c, &pb->dout, u->sq.qb, u->sq.q0 + r, u->h), pb->dtype, c->D);
+    Di[cpu_lse_index(u, r)] = c->kn->rowdot(b->dO, b->Q, c->D);
   }
 }
 
@@ -125,47 +155,55 @@ static void bwd_di(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, float *Di, 
 static void bwd_kv(const cpu_ctx *c, bwd_bufs *b, const float *Di, int64_t s, int64_t hk,
                    int64_t c0, int64_t nc) {
   const fa_problem *pb = c->pb;
-  const int64_t D = c->D, br = c->br;
+  const int64_t Dp = c->Dp, br = c->br;
   cpu_unit u;
   cpu_unit_init(&u, c, s, hk * pb->group);
   int64_t rlo, rhi, t0, t1;
   fa_mask_col_range(&u.mk, c0, &rlo, &t0);
   fa_mask_col_range(&u.mk, c0 + nc - 1, &t1, &rhi);
-  tile_fill(b->dK, D, nc, D, 0.0f);
-  tile_fill(b->dV, D, nc, D, 0.0f);
+  tile_fill(b->dK, Dp, nc, Dp, 0.0f);
+  tile_fill(b->dV, Dp, nc, Dp, 0.0f);
   if (rlo < rhi) bwd_load_kv(c, &u, b, c0, nc, 0);
   for (int64_t h = hk * pb->group; h < (hk + 1) * pb->group; h++) {
     cpu_unit_init(&u, c, s, h);
     for (int64_t r0 = rlo; r0 < rhi; r0 += br) {
       const int64_t nr = cpu_min(br, rhi - r0);
       bwd_load_q(c, &u, b, r0, nr);
-      bwd_step(c, &u, b, Di, r0, nr, c0, nc);
-      tile_atb_acc(b->dV, D, b->S, c->bc, nr, nc, b->dO, D, D);
-      tile_atb_acc(b->dK, D, b->dS, c->bc, nr, nc, b->Q, D, D);
+      const int partial = bwd_step(c, &u, b, Di, r0, nr, c0, nc);
+      if (partial) cpu_mask_cols(&u.mk, b->lo, b->hi, r0, nr, c0, nc);
+      const int32_t *lo = partial ? b->lo : NULL, *hi = partial ? b->hi : NULL;
+      bwd_acc(c, b->dV, nc, nr, b->S, 1, c->bc, b->dO, lo, hi);
+      bwd_acc(c, b->dK, nc, nr, b->dS, 1, c->bc, b->Q, lo, hi);
     }
   }
-  tile_scale(b->dK, D, nc, D, c->scale);
-  cpu_store_rows(c, &pb->dk, u.sq.kb, u.sq.k0 + c0, nc, hk, b->dK, D);
-  cpu_store_rows(c, &pb->dv, u.sq.kb, u.sq.k0 + c0, nc, hk, b->dV, D);
+  for (int64_t j = 0; j < nc; j++) {
+    c->kn->store_row(cpu_row(c, &pb->dk, u.sq.kb, u.sq.k0 + c0 + j, hk), b->dK + j * Dp, c->scale,
+                     pb->dtype, c->D);
+    c->kn->store_row(cpu_row(c, &pb->dv, u.sq.kb, u.sq.k0 + c0 + j, hk), b->dV + j * Dp, 1.0f,
+                     pb->dtype, c->D);
+  }
 }
 
 /* Pass 3: dQ of rows [r0, r1) of query head u->h. */
 static void bwd_q(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, const float *Di, int64_t r0,
                   int64_t r1) {
   const fa_problem *pb = c->pb;
-  const int64_t D = c->D, nr = r1 - r0;
+  const int64_t Dp = c->Dp, nr = r1 - r0;
   int64_t klo, khi;
-  tile_fill(b->dQ, D, nr, D, 0.0f);
+  tile_fill(b->dQ, Dp, nr, Dp, 0.0f);
   fa_mask_block_range(&u->mk, r0, r1, &klo, &khi);
   if (klo < khi) bwd_load_q(c, u, b, r0, nr);
   for (int64_t c0 = klo; c0 < khi; c0 += c->bc) {
     const int64_t nc = cpu_min(c->bc, khi - c0);
     bwd_load_kv(c, u, b, c0, nc, 1);
-    bwd_step(c, u, b, Di, r0, nr, c0, nc);
-    tile_ab_acc(b->dQ, D, b->dS, c->bc, nr, nc, b->K, D, D);
+    const int partial = bwd_step(c, u, b, Di, r0, nr, c0, nc);
+    if (partial) cpu_mask_ranges(&u->mk, b->lo, b->hi, r0, nr, c0, nc);
+    bwd_acc(c, b->dQ, nr, nc, b->dS, c->bc, 1, b->K, partial ? b->lo : NULL,
+            partial ? b->hi : NULL);
   }
-  tile_scale(b->dQ, D, nr, D, c->scale);
-  cpu_store_rows(c, &pb->dq, u->sq.qb, u->sq.q0 + r0, nr, u->h, b->dQ, D);
+  for (int64_t r = 0; r < nr; r++)
+    c->kn->store_row(cpu_row(c, &pb->dq, u->sq.qb, u->sq.q0 + r0 + r, u->h), b->dQ + r * Dp,
+                     c->scale, pb->dtype, c->D);
 }
 
 size_t fa_cpu_backward_workspace(const fa_problem *pb) {

@@ -7,26 +7,40 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "common/convert.h"
+#include "common/kern.h"
 #include "common/mask.h"
 #include "common/problem.h"
 #include "cpu/tile.h"
 
-/* Tiles of one thread should stay in L2 (~512 KiB per core): we budget 384 KiB. */
-#define CPU_TILE_BUDGET_FLOATS (384 * 1024 / 4)
+/* Cache sizes in bytes (sysconf where glibc has it, else typical x86 values). */
+static inline void cpu_cache_sizes(int64_t *l1, int64_t *l2) {
+  long a = -1, b = -1;
+#if defined(_SC_LEVEL1_DCACHE_SIZE) && defined(_SC_LEVEL2_CACHE_SIZE)
+  a = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+  b = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+  *l1 = a >= 16384 ? a : 32768;
+  *l2 = b >= 131072 ? b : 524288;
+}
 
-/* Br x Bc from the cache budget: rt tiles of Br x D, ct tiles of Bc x D and st
- * tiles of Br x Bc must fit; start at 128 x 128 and halve (Bc first) down to 16. */
+/* Br x Bc (multiples of 16) such that rt tiles of Br x D, ct tiles of Bc x D
+ * and st tiles of Br x Bc fit in half of L2 and one Br x Bc tile in half of
+ * L1; start at 128 x 64 and halve the larger (Br first on ties) down to 16. */
 static inline void cpu_block_sizes(int64_t D, int64_t rt, int64_t ct, int64_t st, int64_t *br,
                                    int64_t *bc) {
-  int64_t r = 128, c = 128;
-  while (rt * r * D + ct * c * D + st * r * c > CPU_TILE_BUDGET_FLOATS && (r > 16 || c > 16)) {
-    if (c >= r && c > 16)
-      c /= 2;
-    else
+  int64_t l1, l2, r = 128, c = 64;
+  cpu_cache_sizes(&l1, &l2);
+  D = fa_round_up(D, FA_VL);
+  while ((4 * (rt * r * D + ct * c * D + st * r * c) > l2 / 2 || 4 * r * c > l1 / 2) &&
+         (r > 16 || c > 16)) {
+    if (r >= c && r > 16)
       r /= 2;
+    else
+      c /= 2;
   }
   *br = r;
   *bc = c;
@@ -58,7 +72,10 @@ static inline float *cpu_take(cpu_carver *cv, int64_t nfloats) {
 /* Per-call constants. */
 typedef struct cpu_ctx {
   const fa_problem *pb;
+  const fa_kern *kn;
   int64_t D, br, bc;
+  int64_t Dp;   /* D rounded up to whole vectors: row length of every tile */
+  int64_t brp;  /* Br rounded up to a 16-wide panel */
   size_t esize; /* bytes per stored element */
   float scale, cap;
 } cpu_ctx;
@@ -66,8 +83,11 @@ typedef struct cpu_ctx {
 static inline void cpu_ctx_init(cpu_ctx *c, const fa_problem *pb, int64_t rt, int64_t ct,
                                 int64_t st) {
   c->pb = pb;
+  c->kn = fa_kern_get();
   c->D = pb->headdim;
+  c->Dp = fa_round_up(c->D, FA_VL);
   cpu_block_sizes(c->D, rt, ct, st, &c->br, &c->bc);
+  c->brp = fa_round_up(c->br, 16);
   c->esize = fa_dtype_size(pb->dtype);
   c->scale = pb->scale;
   c->cap = pb->params->softcap;
@@ -97,32 +117,15 @@ static inline int64_t cpu_lse_index(const cpu_unit *u, int64_t r) {
   return u->sq.lse0 + u->h * u->sq.lse_head_stride + r;
 }
 
-static inline char *cpu_row(const cpu_ctx *c, const fa_tensor *t, int64_t b, int64_t n,
-                            int64_t h) {
+static inline char *cpu_row(const cpu_ctx *c, const fa_tensor *t, int64_t b, int64_t n, int64_t h) {
   return (char *)t->data + fa_tensor_offset(t, b, n, h) * (int64_t)c->esize;
 }
 
-/* dst (n x D, leading dim ld) = float32 of rows [n0, n0 + n) of head h. */
-static inline void cpu_load_rows(const cpu_ctx *c, float *dst, int64_t ld, const fa_tensor *t,
-                                 int64_t b, int64_t n0, int64_t n, int64_t h) {
-  for (int64_t r = 0; r < n; r++)
-    fa_load_row_f32(dst + r * ld, cpu_row(c, t, b, n0 + r, h), c->pb->dtype, c->D);
-}
-
-/* Rows [n0, n0 + n) of head h = src (n x D, leading dim ld), rounded to storage. */
-static inline void cpu_store_rows(const cpu_ctx *c, const fa_tensor *t, int64_t b, int64_t n0,
-                                  int64_t n, int64_t h, const float *src, int64_t ld) {
-  for (int64_t r = 0; r < n; r++)
-    fa_store_row_f32(cpu_row(c, t, b, n0 + r, h), src + r * ld, c->pb->dtype, c->D);
-}
-
-/* dst (D x n, leading dim ld) = transposed float32 rows, through a D-float row buffer. */
-static inline void cpu_load_rows_t(const cpu_ctx *c, float *dst, int64_t ld, const fa_tensor *t,
-                                   int64_t b, int64_t n0, int64_t n, int64_t h, float *row) {
-  for (int64_t r = 0; r < n; r++) {
-    fa_load_row_f32(row, cpu_row(c, t, b, n0 + r, h), c->pb->dtype, c->D);
-    for (int64_t d = 0; d < c->D; d++) dst[d * ld + r] = row[d];
-  }
+/* Panel width of a row-major Dp-column B operand: 2 or 3 vectors, whichever
+ * divides D's vectors (the products then run 6x2 or 4x3 register tiles). */
+static inline int cpu_dbw(const cpu_ctx *c) {
+  const int64_t nv = c->Dp / FA_VL;
+  return nv % 2 != 0 && nv % 3 == 0 ? 3 * FA_VL : 2 * FA_VL;
 }
 
 /* 1 if some element of rows [r0, r0+nr) x keys [c0, c0+nc) is masked. Visible
@@ -135,25 +138,37 @@ static inline int cpu_tile_partial(const fa_mask *mk, int64_t r0, int64_t nr, in
   return lo_last > c0 || hi_first < c0 + nc;
 }
 
-/* S (nr x nc, ld bc) = the final scores of rows [r0, r0+nr) against keys
- * [c0, c0+nc): scale * Q K^T, softcap (tanh kept in T if non-NULL), ALiBi, and
- * -inf where masked (only computed per element for partially visible tiles). */
-static inline void cpu_scores(const cpu_ctx *c, const cpu_unit *u, float *S, const float *Q,
-                              int64_t r0, int64_t nr, const float *KT, int64_t c0, int64_t nc,
-                              float *T) {
-  const int64_t bc = c->bc;
-  tile_abt(S, bc, Q, c->D, nr, KT, bc, nc, c->D, c->scale);
-  if (c->cap > 0.0f) tile_softcap(S, bc, nr, nc, c->cap, T);
-  if (u->slope != 0.0f) tile_alibi(S, bc, nr, nc, u->slope, r0 + u->sq.nk - u->sq.nq, c0);
-  if (cpu_tile_partial(&u->mk, r0, nr, c0, nc)) {
-    for (int64_t r = 0; r < nr; r++) {
-      int64_t lo, hi;
-      fa_mask_row_range(&u->mk, r0 + r, &lo, &hi);
-      const int64_t a = cpu_min(nc, cpu_max(0, lo - c0)), b = cpu_max(a, cpu_min(nc, hi - c0));
-      float *s = S + r * bc;
-      for (int64_t j = 0; j < a; j++) s[j] = -INFINITY;
-      for (int64_t j = b; j < nc; j++) s[j] = -INFINITY;
-    }
+/* Per query row i < nr of a tile: its visible keys [lo, hi) relative to c0,
+ * clipped to [0, nc). */
+static inline void cpu_mask_ranges(const fa_mask *mk, int32_t *lo, int32_t *hi, int64_t r0,
+                                   int64_t nr, int64_t c0, int64_t nc) {
+  for (int64_t i = 0; i < nr; i++) {
+    int64_t a, b;
+    fa_mask_row_range(mk, r0 + i, &a, &b);
+    lo[i] = (int32_t)cpu_min(nc, cpu_max(0, a - c0));
+    hi[i] = (int32_t)cpu_max(lo[i], cpu_min(nc, b - c0));
+  }
+}
+
+/* Per key j < nc of a tile: the query rows [lo, hi) that see it, relative to
+ * r0, clipped to [0, nr). */
+static inline void cpu_mask_cols(const fa_mask *mk, int32_t *lo, int32_t *hi, int64_t r0,
+                                 int64_t nr, int64_t c0, int64_t nc) {
+  for (int64_t j = 0; j < nc; j++) {
+    int64_t a, b;
+    fa_mask_col_range(mk, c0 + j, &a, &b);
+    lo[j] = (int32_t)cpu_min(nr, cpu_max(0, a - r0));
+    hi[j] = (int32_t)cpu_max(lo[j], cpu_min(nr, b - r0));
+  }
+}
+
+/* Row t < n of S (ld lds, m entries) = -inf outside [lo[t], hi[t]). */
+static inline void cpu_mask_fill(float *S, int64_t lds, int64_t n, int64_t m, const int32_t *lo,
+                                 const int32_t *hi) {
+  for (int64_t t = 0; t < n; t++) {
+    float *s = S + t * lds;
+    for (int64_t i = 0; i < lo[t]; i++) s[i] = -INFINITY;
+    for (int64_t i = hi[t]; i < m; i++) s[i] = -INFINITY;
   }
 }
 

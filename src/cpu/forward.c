@@ -1,23 +1,33 @@
 /* CPU FlashAttention forward, FlashAttention-2 and -1 orders.
  *
- * Work unit: (sequence, query head, chunk of query rows), static schedule, so
- * one long sequence still spreads over every thread. FLASH2 uses chunks of one
- * Br block and keeps m, l and the O accumulator in the thread's tile memory
- * across the key loop. FLASH1 (Algorithm 1: keys outer, queries inner) uses
- * chunks of ceil(Nq / ceil(threads / (B*H))) rows whose unnormalised O, m, l
- * live in a float32 buffer ("memory") that every key block re-reads and
- * rescales; its Q tiles are re-read per key block too. Both share fwd_step.
+ * Work unit: (sequence, query head, chunk of query rows), handed out
+ * dynamically (heaviest causal chunks first), so one long sequence still
+ * spreads over every thread and a core slowed by other work takes less.
+ * FLASH2 uses chunks of one Br block and keeps m, l and the O accumulator in
+ * the thread's tile memory across the key loop. FLASH1 (Algorithm 1: keys
+ * outer, queries inner) uses chunks of ceil(Nq / ceil(threads / (B*H))) rows
+ * whose unnormalised O, m, l live in a float32 buffer ("memory") that every
+ * key block re-reads and rescales; its Q tiles are re-read per key block too.
+ * Both share fwd_step.
  *
- * Workspace (floats, each buffer rounded up to 64 bytes), per thread:
- *   Q, O: 2*Br*D;  K^T, V: 2*Bc*D;  S: Br*Bc;  m, l, alpha: 3*Br;  row: D
- *   FLASH1 adds the chunk's O, m, l: chunk*(D + 2)
+ * Scores are computed transposed, S^T = K Q^T (keys x queries): K rows are the
+ * broadcast operand as they come (no per-tile transpose), Q^T is packed once
+ * per row block, and the online softmax runs down the columns, 8 query rows
+ * per vector, without horizontal reductions. O += P V then reads P^T with
+ * swapped strides.
+ *
+ * Workspace (floats, each buffer rounded up to 64 bytes; Dp = D rounded up to
+ * 8, Brp = Br rounded up to 16), per thread:
+ *   Q^T, O: 2*Brp*Dp;  K, V: 2*Bc*Dp (V's last panel padded);  S^T: Bc*Brp;
+ *   m, l, alpha: 3*Brp;  mask ranges: 2*max(Brp, Bc) int32
+ *   FLASH1 adds the chunk's O, m, l: chunk*(Dp + 2) + 2*Brp
  * total = min(threads, units) * slice. B=H=1, N=65536, D=64: ~0.2 MiB per
  * thread for FLASH2; FLASH1 adds N*(D+2)*4 bytes = 17 MiB over all threads. */
 #include <omp.h>
 
 #include "cpu/cpu.h"
 
-/* Forward tiles: Q, O (Br x D); K^T, V (Bc x D); S (Br x Bc). */
+/* Forward tiles: Q^T, O (Br x D); K, V (Bc x D); S^T (Br x Bc). */
 static void fwd_ctx(cpu_ctx *c, const fa_problem *pb) { cpu_ctx_init(c, pb, 2, 2, 1); }
 
 typedef struct fwd_sched {
@@ -43,94 +53,137 @@ static fwd_sched fwd_schedule(const cpu_ctx *c) {
 }
 
 typedef struct fwd_bufs {
-  float *Q, *O, *KT, *V, *S, *m, *l, *alpha, *row;
+  float *QT, *O, *K, *V, *ST, *m, *l, *alpha;
+  int32_t *klo, *khi;
   float *cO, *cm, *cl; /* FLASH1 chunk state */
 } fwd_bufs;
 
 static size_t fwd_layout(const cpu_ctx *c, const fwd_sched *s, char *base, fwd_bufs *b) {
-  const int64_t D = c->D, br = c->br, bc = c->bc;
+  const int64_t Dp = c->Dp, brp = c->brp, bc = c->bc;
   cpu_carver cv = {base, 0};
   fwd_bufs t;
-  t.Q = cpu_take(&cv, br * D);
-  t.O = cpu_take(&cv, br * D);
-  t.KT = cpu_take(&cv, D * bc);
-  t.V = cpu_take(&cv, bc * D);
-  t.S = cpu_take(&cv, br * bc);
-  t.m = cpu_take(&cv, br);
-  t.l = cpu_take(&cv, br);
-  t.alpha = cpu_take(&cv, br);
-  t.row = cpu_take(&cv, D);
+  t.QT = cpu_take(&cv, brp * Dp);
+  t.O = cpu_take(&cv, brp * Dp);
+  t.K = cpu_take(&cv, bc * Dp);
+  t.V = cpu_take(&cv, bc * fa_round_up(Dp, cpu_dbw(c)));
+  t.ST = cpu_take(&cv, bc * brp);
+  t.m = cpu_take(&cv, brp);
+  t.l = cpu_take(&cv, brp);
+  t.alpha = cpu_take(&cv, brp);
+  t.klo = (int32_t *)cpu_take(&cv, cpu_max(brp, bc));
+  t.khi = (int32_t *)cpu_take(&cv, cpu_max(brp, bc));
   t.cO = t.cm = t.cl = NULL;
   if (c->pb->params->algorithm == FA_ALGO_FLASH1) {
-    t.cO = cpu_take(&cv, s->chunk * D);
-    t.cm = cpu_take(&cv, s->chunk);
-    t.cl = cpu_take(&cv, s->chunk);
+    t.cO = cpu_take(&cv, s->chunk * Dp);
+    t.cm = cpu_take(&cv, s->chunk + brp); /* softmax_cols reads whole vectors */
+    t.cl = cpu_take(&cv, s->chunk + brp);
   }
   if (b) *b = t;
   return cv.off;
 }
 
-/* Loads keys [c0, c0+nc) of the unit's K/V head: K transposed, V as rows. */
-static void fwd_load_kv(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t c0,
-                        int64_t nc) {
+/* Keys [c0, c0+nc) of the unit's K/V head: K as rows, V in panels. */
+static void fwd_load_kv(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t c0, int64_t nc) {
   const fa_problem *pb = c->pb;
-  cpu_load_rows_t(c, b->KT, c->bc, &pb->k, u->sq.kb, u->sq.k0 + c0, nc, u->hk, b->row);
-  cpu_load_rows(c, b->V, c->D, &pb->v, u->sq.kb, u->sq.k0 + c0, nc, u->hk);
+  const int vbw = cpu_dbw(c);
+  const int64_t n0 = u->sq.k0 + c0;
+  c->kn->load_panels(b->K, (int)c->Dp, 0, cpu_row(c, &pb->k, u->sq.kb, n0, u->hk),
+                     pb->k.stride_seq * (int64_t)c->esize, pb->dtype, nc, c->D);
+  c->kn->load_panels(b->V, vbw, c->bc * vbw, cpu_row(c, &pb->v, u->sq.kb, n0, u->hk),
+                     pb->v.stride_seq * (int64_t)c->esize, pb->dtype, nc, c->D);
 }
 
-static void fwd_load_q(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t r0,
-                       int64_t nr) {
-  cpu_load_rows(c, b->Q, c->D, &c->pb->q, u->sq.qb, u->sq.q0 + r0, nr, u->h);
+/* Q^T of rows [r0, r0+nr) in 16-wide panels (rows past nr zero). */
+static void fwd_load_q(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t r0, int64_t nr) {
+  const fa_problem *pb = c->pb;
+  c->kn->load_panels_t(b->QT, 16, 16 * c->D, cpu_row(c, &pb->q, u->sq.qb, u->sq.q0 + r0, u->h),
+                       pb->q.stride_seq * (int64_t)c->esize, pb->dtype, nr, c->D);
 }
 
-static void fwd_init_state(int64_t nr, int64_t D, float *O, float *m, float *l) {
-  tile_fill(O, D, nr, D, 0.0f);
-  tile_fill(m, 1, nr, 1, -INFINITY);
-  tile_fill(l, 1, nr, 1, 0.0f);
+static void fwd_init_state(int64_t nr, int64_t Dp, float *O, float *m, float *l) {
+  tile_fill(O, Dp, nr, Dp, 0.0f);
+  tile_fill(m, 1, fa_round_up(nr, FA_VL), 1, -INFINITY);
+  tile_fill(l, 1, fa_round_up(nr, FA_VL), 1, 0.0f);
 }
 
-/* One online-softmax step: rows [r0, r0+nr) (Q tile loaded) against keys
- * [c0, c0+nc) (K^T, V loaded), updating O, m, l. */
+/* S^T of rows [r0, r0+nr) against keys [c0, c0+nc): softcap, ALiBi and, on
+ * tiles the mask's edge crosses, -inf where masked, plus each row's visible
+ * key range in klo/khi for O += P V (returns 1 then). */
+static int fwd_scores(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t r0, int64_t nr,
+                      int64_t c0, int64_t nc) {
+  const int64_t brp = c->brp, ncol = fa_round_up(nr, FA_VL);
+  const fa_gemm g = {nc, ncol,  c->D, b->K,     c->Dp, 1,    b->QT, 16,  16 * c->D,
+                     16, b->ST, brp,  c->scale, 0,     NULL, NULL,  NULL};
+  c->kn->gemm(&g);
+  if (c->cap > 0.0f) tile_softcap(b->ST, brp, nc, ncol, c->cap, NULL);
+  if (u->slope != 0.0f) tile_alibi_t(b->ST, brp, nc, ncol, u->slope, r0 + u->sq.nk - u->sq.nq, c0);
+  if (!cpu_tile_partial(&u->mk, r0, nr, c0, nc)) return 0;
+  cpu_mask_cols(&u->mk, b->klo, b->khi, r0, nr, c0, nc);
+  cpu_mask_fill(b->ST, brp, nc, nr, b->klo, b->khi);
+  cpu_mask_ranges(&u->mk, b->klo, b->khi, r0, nr, c0, nc);
+  return 1;
+}
+
+/* One online-softmax step: rows [r0, r0+nr) (Q^T loaded) against keys
+ * [c0, c0+nc) (K, V loaded), updating O (ld Dp), m, l. */
 static void fwd_step(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t r0, int64_t nr,
                      int64_t c0, int64_t nc, float *O, float *m, float *l) {
-  cpu_scores(c, u, b->S, b->Q, r0, nr, b->KT, c0, nc, NULL);
-  tile_softmax_update(b->S, c->bc, nr, nc, m, l, b->alpha);
-  tile_scale_rows(O, c->D, nr, c->D, b->alpha);
-  tile_ab_acc(O, c->D, b->S, c->bc, nr, nc, b->V, c->D, c->D);
+  const int partial = fwd_scores(c, u, b, r0, nr, c0, nc);
+  c->kn->softmax_cols(b->ST, c->brp, nc, fa_round_up(nr, FA_VL), m, l, b->alpha);
+  const int vbw = cpu_dbw(c);
+  const fa_gemm g = {nr,
+                     c->Dp,
+                     nc,
+                     b->ST,
+                     1,
+                     c->brp,
+                     b->V,
+                     vbw,
+                     c->bc * vbw,
+                     vbw,
+                     O,
+                     c->Dp,
+                     1.0f,
+                     1,
+                     b->alpha,
+                     partial ? b->klo : NULL,
+                     partial ? b->khi : NULL};
+  c->kn->gemm(&g);
 }
 
-/* O /= l, store O rows and lse of rows [r0, r0+nr) (lse staged in alpha). */
-static void fwd_finish(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t r0, int64_t nr,
-                       float *O, const float *m, const float *l) {
+/* O /= l, store O rows and lse of rows [r0, r0+nr). */
+static void fwd_finish(const cpu_ctx *c, const cpu_unit *u, int64_t r0, int64_t nr, const float *O,
+                       const float *m, const float *l) {
   const fa_problem *pb = c->pb;
-  tile_softmax_finish(O, c->D, nr, c->D, m, l, b->alpha);
-  cpu_store_rows(c, &pb->o, u->sq.qb, u->sq.q0 + r0, nr, u->h, O, c->D);
-  if (pb->lse) memcpy(pb->lse + cpu_lse_index(u, r0), b->alpha, (size_t)nr * sizeof(float));
+  for (int64_t r = 0; r < nr; r++) {
+    void *dst = cpu_row(c, &pb->o, u->sq.qb, u->sq.q0 + r0 + r, u->h);
+    /* a row with l = 0 saw no key: O = 0, lse = -inf; NaN l propagates */
+    c->kn->store_row(dst, O + r * c->Dp, l[r] == 0.0f ? 0.0f : 1.0f / l[r], pb->dtype, c->D);
+    if (pb->lse) pb->lse[cpu_lse_index(u, r0 + r)] = l[r] == 0.0f ? -INFINITY : m[r] + logf(l[r]);
+  }
 }
 
 /* FlashAttention-2: one Br block of rows, keys inner. */
-static void fwd_flash2(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t r0,
-                       int64_t r1) {
+static void fwd_flash2(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t r0, int64_t r1) {
   const int64_t nr = r1 - r0;
   int64_t klo, khi;
   fwd_load_q(c, u, b, r0, nr);
-  fwd_init_state(nr, c->D, b->O, b->m, b->l);
+  fwd_init_state(nr, c->Dp, b->O, b->m, b->l);
   fa_mask_block_range(&u->mk, r0, r1, &klo, &khi);
   for (int64_t c0 = klo; c0 < khi; c0 += c->bc) {
     const int64_t nc = cpu_min(c->bc, khi - c0);
     fwd_load_kv(c, u, b, c0, nc);
     fwd_step(c, u, b, r0, nr, c0, nc, b->O, b->m, b->l);
   }
-  fwd_finish(c, u, b, r0, nr, b->O, b->m, b->l);
+  fwd_finish(c, u, r0, nr, b->O, b->m, b->l);
 }
 
 /* FlashAttention-1 (Algorithm 1): rows [q0, q1) with O, m, l in memory; keys
  * outer, Br row blocks inner. */
-static void fwd_flash1(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t q0,
-                       int64_t q1) {
-  const int64_t D = c->D, br = c->br;
+static void fwd_flash1(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t q0, int64_t q1) {
+  const int64_t Dp = c->Dp, br = c->br;
   int64_t klo, khi;
-  fwd_init_state(q1 - q0, D, b->cO, b->cm, b->cl);
+  fwd_init_state(q1 - q0, Dp, b->cO, b->cm, b->cl);
   fa_mask_block_range(&u->mk, q0, q1, &klo, &khi);
   for (int64_t c0 = klo; c0 < khi; c0 += c->bc) {
     const int64_t nc = cpu_min(c->bc, khi - c0);
@@ -141,12 +194,12 @@ static void fwd_flash1(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t
       fa_mask_block_range(&u->mk, r0, r0 + nr, &lo, &hi);
       if (hi <= c0 || lo >= c0 + nc) continue;
       fwd_load_q(c, u, b, r0, nr);
-      fwd_step(c, u, b, r0, nr, c0, nc, b->cO + i * D, b->cm + i, b->cl + i);
+      fwd_step(c, u, b, r0, nr, c0, nc, b->cO + i * Dp, b->cm + i, b->cl + i);
     }
   }
   for (int64_t r0 = q0; r0 < q1; r0 += br) {
     const int64_t nr = cpu_min(br, q1 - r0), i = r0 - q0;
-    fwd_finish(c, u, b, r0, nr, b->cO + i * D, b->cm + i, b->cl + i);
+    fwd_finish(c, u, r0, nr, b->cO + i * Dp, b->cm + i, b->cl + i);
   }
 }
 
@@ -163,9 +216,10 @@ fa_status fa_cpu_forward(const fa_problem *pb) {
   const fwd_sched s = fwd_schedule(&c);
   const size_t slice = fwd_layout(&c, &s, NULL, NULL);
   const int flash1 = pb->params->algorithm == FA_ALGO_FLASH1;
-#pragma omp parallel for num_threads(s.nt) schedule(static, 1)
+#pragma omp parallel for num_threads(s.nt) schedule(dynamic, 1)
   for (int64_t w = 0; w < s.units; w++) {
-    const int64_t sh = w / s.nchunks, k = w % s.nchunks;
+    /* last chunks first: under a causal mask they see the most keys */
+    const int64_t sh = w / s.nchunks, k = s.nchunks - 1 - w % s.nchunks;
     cpu_unit u;
     cpu_unit_init(&u, &c, sh / pb->heads_q, sh % pb->heads_q);
     const int64_t r0 = k * s.chunk, r1 = cpu_min(u.sq.nq, r0 + s.chunk);

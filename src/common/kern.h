@@ -1,0 +1,96 @@
+/* Vectorised float32 kernels of the CPU backends (flash and standard): a
+ * register-blocked matrix product, online softmax, exp, and tile loaders that
+ * convert f16/bf16 on the way. One body (kern_body.h) over an 8-wide vector
+ * abstraction is compiled twice: with AVX2/FMA/F16C (kern_avx2.c, x86-64
+ * only) and in portable C (kern_portable.c); fa_kern_get() picks one at run
+ * time. FLASHATTN_CPU_ISA=portable|avx2 (read once) forces a choice. */
+#ifndef FA_COMMON_KERN_H
+#define FA_COMMON_KERN_H
+
+#include <stdint.h>
+
+#include "flashattn.h"
+
+/* Floats per vector; panel widths and padded dimensions are multiples of it. */
+#define FA_VL 8
+
+static inline int64_t fa_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* C = alpha * A B (beta 0), or C = diag(rowscale) C + alpha * A B (beta 1,
+ * rowscale NULL: 1). A(i, p) = a[i*rsa + p*csa] (any strides: transposed
+ * operands cost nothing). B (k x n, n a multiple of FA_VL) is stored in
+ * panels of bw columns (bw a multiple of FA_VL, n's last panel may be
+ * narrower): B(p, j) = b[(j / bw) * bps + p * ldb + j % bw]; a row-major B is bps =
+ * bw, ldb = its row length. Row i may restrict its sum
+ * to p in [klo[i], khi[i]) (both NULL: [0, k)): masked keys are skipped, not
+ * multiplied by zero, so inf/NaN in masked K/V rows cannot leak. */
+typedef struct fa_gemm {
+  int64_t m, n, k;
+  const float *a;
+  int64_t rsa, csa;
+  const float *b;
+  int64_t ldb, bps;
+  int bw;
+  float *c;
+  int64_t ldc;
+  float alpha;
+  int beta;
+  const float *rowscale;
+  const int32_t *klo, *khi;
+} fa_gemm;
+
+typedef struct fa_kern {
+  const char *isa; /* "avx2" or "portable" */
+
+  void (*gemm)(const fa_gemm *g);
+
+  /* Online softmax step on a transposed score tile ST (nc keys x ncol query
+   * columns, ld lds; ncol a multiple of FA_VL): per column, m = max(m, max ST),
+   * ST = exp(ST - m), l = alpha l + sum ST with alpha = exp(m_old - m) written
+   * to alpha. A column with no finite score so far keeps m = -inf and gets
+   * P = 0 (NaN scores stay NaN, so NaN inputs reach O and l). */
+  void (*softmax_cols)(float *ST, int64_t lds, int64_t nc, int64_t ncol, float *m, float *l,
+                       float *alpha);
+
+  /* Row-major softmax of a standard-attention row block: each of nr rows of
+   * S (ld lds) restricted to [lo[r], hi[r]) becomes exp(s - max) / sum (0
+   * outside), lse[r] = max + log(sum) (-inf for an empty row). */
+  void (*softmax_rows)(float *S, int64_t lds, int64_t nr, int64_t n, const int32_t *lo,
+                       const int32_t *hi, float *lse);
+
+  /* S (nr x n, ld lds, n a multiple of FA_VL) = exp(S - lse[r]); rows with
+   * lse = -inf give 0 (the backward's P from the forward's lse). */
+  void (*exp_rows)(float *S, int64_t lds, int64_t nr, int64_t n, const float *lse);
+
+  /* dP (nr x n) = P o (dP - Di[r]) [o (1 - T^2) if T], 0 where P is 0. */
+  void (*dsoftmax)(float *dP, const float *P, int64_t ld, int64_t nr, int64_t n, const float *Di,
+                   const float *T);
+
+  /* Rows r < nr of a tensor (row r at src + r*stride bytes, d floats of dtype
+   * dt) to float32 in panels of bw columns: dst[(c / bw)*dps + r*bw + c % bw],
+   * columns [d, round_up(d, FA_VL)) zero. Row-major is bw = dps = padded d. */
+  void (*load_panels)(float *dst, int bw, int64_t dps, const void *src, int64_t stride, fa_dtype dt,
+                      int64_t nr, int64_t d);
+
+  /* Transposed: dst[(r / bw)*dps + c*bw + r % bw] = row r, column c < d, for
+   * r < round_up(nr, bw) (rows >= nr zero): the B operand of S = Q K^T. */
+  void (*load_panels_t)(float *dst, int bw, int64_t dps, const void *src, int64_t stride,
+                        fa_dtype dt, int64_t nr, int64_t d);
+
+  /* n floats of src to a storage row of dtype dt, times s. */
+  void (*store_row)(void *dst, const float *src, float s, fa_dtype dt, int64_t n);
+
+  /* sum a[i] b[i] in order, rounded exactly as one lane of gemm (so D_i =
+   * dO_i . O_i cancels dP_ij = dO_i . V_j bitwise when O_i = V_j). */
+  float (*rowdot)(const float *a, const float *b, int64_t n);
+
+  /* exp(x[i]) for n floats in place (the fast exp of every kernel above). */
+  void (*exp)(float *x, int64_t n);
+} fa_kern;
+
+const fa_kern *fa_kern_get(void);
+
+/* Both tables; .gemm is NULL in the AVX2 one where it was not compiled in. */
+extern const fa_kern fa_kern_avx2, fa_kern_portable;
+
+#endif

@@ -1,0 +1,48 @@
+/* kern_body.h on AVX2 + FMA + F16C intrinsics. CMake compiles this file alone
+ * with -mavx2 -mfma -mf16c (x86-64 only); fa_kern_get() uses it only where the
+ * CPU has all three, so the rest of the library stays baseline x86-64. */
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#include <stdint.h>
+
+typedef __m256 vf;
+typedef __m256i vi;
+
+static inline vf vf_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline void vf_store(float *p, vf v) { _mm256_storeu_ps(p, v); }
+static inline vf vf_set1(float x) { return _mm256_set1_ps(x); }
+static inline vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline vf vf_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+static inline vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf vf_max(vf a, vf b) { return _mm256_max_ps(a, b); }
+static inline vf vf_min(vf a, vf b) { return _mm256_min_ps(a, b); }
+static inline vf vf_sel_eq(vf x, vf y, vf a, vf b) {
+  return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, y, _CMP_EQ_OQ));
+}
+static inline vf vf_sel_ne0(vf p, vf a) {
+  return _mm256_and_ps(a, _mm256_cmp_ps(p, _mm256_setzero_ps(), _CMP_NEQ_UQ));
+}
+static inline vi vf_bits(vf x) { return _mm256_castps_si256(x); }
+static inline vf vf_from_bits(vi u) { return _mm256_castsi256_ps(u); }
+static inline vi vi_add_shl23(vi u, unsigned k) {
+  return _mm256_slli_epi32(_mm256_add_epi32(u, _mm256_set1_epi32((int)k)), 23);
+}
+static inline vf vf_load_f16(const uint16_t *p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+static inline void vf_store_f16(uint16_t *p, vf v) {
+  _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+
+#define SFX(name) name##_avx2
+#define KB_ISA "avx2"
+#include "common/kern_body.h"
+
+#else
+#include <stddef.h>
+
+#include "common/kern.h"
+
+const fa_kern fa_kern_avx2 = {"avx2", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+#endif

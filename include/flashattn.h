@@ -98,13 +98,26 @@ typedef struct fa_params {
   const int32_t *cu_seqlens_k;
   int64_t num_seqs;
 
-  /* Dropout on P (reserved: p > 0 returns FA_ERR_UNSUPPORTED for now). */
+  /* Dropout on the attention probabilities: each element of P is kept with
+   * probability 1 - dropout_p (and scaled by 1 / (1 - dropout_p)) by a
+   * Philox4x32-10 draw indexed by (sequence, query head, row, column),
+   * dropout_seed and dropout_offset (docs/DROPOUT.md): the backward pass
+   * regenerates the same mask, and so does every backend. 0 <= p < 1.
+   * Advance dropout_offset (or change the seed) for a fresh mask. */
   float dropout_p;
   uint64_t dropout_seed, dropout_offset;
 
-  /* Block-sparse mask (reserved: non-NULL returns FA_ERR_UNSUPPORTED for now). */
+  /* Block-sparse attention: when block_mask is non-NULL, key j is visible to
+   * query row i of sequence s, query head h only if
+   *   block_mask[s * block_mask_stride_batch + h * block_mask_stride_head
+   *              + (i / block_size_q) * block_mask_stride_row + j / block_size_k] != 0
+   * (rows and keys counted from the sequence's start), besides the other masks.
+   * Stride 0 broadcasts; stride_row 0 means ceil(max seqlen_k / block_size_k).
+   * Bytes, in the device's memory. fa_block_mask_from_indices converts the
+   * compressed form (count and key-block indices per query block). */
   const uint8_t *block_mask;
   int64_t block_size_q, block_size_k;
+  int64_t block_mask_stride_batch, block_mask_stride_head, block_mask_stride_row;
 
   /* Bitwise-reproducible gradients where a backend would otherwise use atomics. */
   int deterministic;
@@ -149,6 +162,24 @@ fa_status fa_backward(const fa_params *params, const fa_tensor *q, const fa_tens
  * when called with lse == NULL. */
 fa_status fa_workspace_size(fa_pass pass, const fa_params *params, const fa_tensor *q,
                             const fa_tensor *k, const fa_tensor *v, size_t *bytes);
+
+/* The keep (1) / drop (0) decisions of dropout (params.dropout_p, seed,
+ * offset) for the attention matrix of sequence `seq`, query head `head` (of
+ * heads_q), rows [0, nq) and keys [0, nk) counted from the sequence's start,
+ * row-major into mask (nq * nk bytes, host memory). Every backend draws
+ * exactly these: tests and return_attn_probs-style debugging use them. */
+fa_status fa_dropout_mask(const fa_params *params, int64_t heads_q, int64_t seq, int64_t head,
+                          int64_t nq, int64_t nk, uint8_t *mask);
+
+/* Block masks, compressed <-> dense (host memory). The compressed form is
+ * FlexAttention's: for each of `rows` query blocks (batches, heads and query
+ * blocks flattened), counts[r] key-block indices in indices[r * max_blocks ...].
+ * The dense form is rows x key_blocks bytes, 1 where visible. to_indices
+ * writes max_blocks = key_blocks indices per row, ascending. */
+fa_status fa_block_mask_from_indices(const int32_t *counts, const int32_t *indices, int64_t rows,
+                                     int64_t max_blocks, int64_t key_blocks, uint8_t *mask);
+fa_status fa_block_mask_to_indices(const uint8_t *mask, int64_t rows, int64_t key_blocks,
+                                   int32_t *counts, int32_t *indices);
 
 /* 1 if this build and machine can run on the device, else 0. */
 int fa_device_available(fa_device device);

@@ -3,11 +3,13 @@
 #include <math.h>
 #include <omp.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
+#include "common/philox.h"
 
 #define FA_STR2(x) #x
 #define FA_STR(x) FA_STR2(x)
@@ -30,37 +32,47 @@ const char *fa_version(void) {
 
 const char *fa_status_string(fa_status status) {
   switch (status) {
-    case FA_OK: return "ok";
-    case FA_ERR_INVALID_ARGUMENT: return "invalid argument";
-    case FA_ERR_UNSUPPORTED: return "unsupported";
-    case FA_ERR_OUT_OF_MEMORY: return "out of memory";
-    case FA_ERR_DEVICE: return "device error";
-    case FA_ERR_INTERNAL: return "internal error";
+    case FA_OK:
+      return "ok";
+    case FA_ERR_INVALID_ARGUMENT:
+      return "invalid argument";
+    case FA_ERR_UNSUPPORTED:
+      return "unsupported";
+    case FA_ERR_OUT_OF_MEMORY:
+      return "out of memory";
+    case FA_ERR_DEVICE:
+      return "device error";
+    case FA_ERR_INTERNAL:
+      return "internal error";
   }
   return "unknown status";
 }
 
 size_t fa_dtype_size(fa_dtype dtype) {
   switch (dtype) {
-    case FA_DTYPE_F32: return 4;
+    case FA_DTYPE_F32:
+      return 4;
     case FA_DTYPE_F16:
-    case FA_DTYPE_BF16: return 2;
-    case FA_DTYPE_F64: return 8;
+    case FA_DTYPE_BF16:
+      return 2;
+    case FA_DTYPE_F64:
+      return 8;
   }
   return 0;
 }
 
-fa_tensor fa_tensor_bnhd(void *data, fa_dtype dtype, int64_t batch, int64_t seqlen,
-                         int64_t heads, int64_t headdim) {
-  fa_tensor t = {data, dtype, batch, seqlen, heads, headdim,
-                 seqlen * heads * headdim, heads * headdim, headdim};
+fa_tensor fa_tensor_bnhd(void *data, fa_dtype dtype, int64_t batch, int64_t seqlen, int64_t heads,
+                         int64_t headdim) {
+  fa_tensor t = {
+      data,   dtype, batch, seqlen, heads, headdim, seqlen * heads * headdim, heads * headdim,
+      headdim};
   return t;
 }
 
-fa_tensor fa_tensor_bhnd(void *data, fa_dtype dtype, int64_t batch, int64_t seqlen,
-                         int64_t heads, int64_t headdim) {
-  fa_tensor t = {data, dtype, batch, seqlen, heads, headdim,
-                 heads * seqlen * headdim, headdim, seqlen * headdim};
+fa_tensor fa_tensor_bhnd(void *data, fa_dtype dtype, int64_t batch, int64_t seqlen, int64_t heads,
+                         int64_t headdim) {
+  fa_tensor t = {data,    dtype,           batch, seqlen, heads, headdim, heads * seqlen * headdim,
+                 headdim, seqlen * headdim};
   return t;
 }
 
@@ -81,13 +93,15 @@ typedef struct fa_span {
   uintptr_t lo, hi;
 } fa_span;
 
-static fa_status check_tensor(const fa_tensor *t, const char *name, int is_output,
-                              fa_span *span) {
+static fa_status check_tensor(const fa_tensor *t, const char *name, int is_output, fa_span *span) {
   if (!t) return FA_INVALID("%s: tensor descriptor is NULL", name);
   if (fa_dtype_size(t->dtype) == 0) return FA_INVALID("%s: unknown dtype %d", name, (int)t->dtype);
-  if (t->batch < 1) return FA_INVALID("%s: batch must be >= 1 (got %lld)", name, (long long)t->batch);
-  if (t->seqlen < 1) return FA_INVALID("%s: seqlen must be >= 1 (got %lld)", name, (long long)t->seqlen);
-  if (t->heads < 1) return FA_INVALID("%s: heads must be >= 1 (got %lld)", name, (long long)t->heads);
+  if (t->batch < 1)
+    return FA_INVALID("%s: batch must be >= 1 (got %lld)", name, (long long)t->batch);
+  if (t->seqlen < 1)
+    return FA_INVALID("%s: seqlen must be >= 1 (got %lld)", name, (long long)t->seqlen);
+  if (t->heads < 1)
+    return FA_INVALID("%s: heads must be >= 1 (got %lld)", name, (long long)t->heads);
   if (t->headdim < 1 || t->headdim > FA_MAX_HEADDIM)
     return FA_INVALID("%s: headdim must be in [1, %d] (got %lld)", name, FA_MAX_HEADDIM,
                       (long long)t->headdim);
@@ -110,7 +124,8 @@ static fa_status check_tensor(const fa_tensor *t, const char *name, int is_outpu
      * stride must step past everything the dimensions inside it cover. */
     struct {
       int64_t n, s;
-    } dims[3] = {{t->batch, t->stride_batch}, {t->seqlen, t->stride_seq}, {t->heads, t->stride_head}};
+    } dims[3] = {
+        {t->batch, t->stride_batch}, {t->seqlen, t->stride_seq}, {t->heads, t->stride_head}};
     for (int a = 0; a < 3; a++)
       for (int b = a + 1; b < 3; b++)
         if (dims[b].s > dims[a].s) {
@@ -142,9 +157,8 @@ static fa_status check_tensor(const fa_tensor *t, const char *name, int is_outpu
  * Returns 1 when provably disjoint, 0 otherwise. */
 static int strided_disjoint(const fa_tensor *a, const fa_tensor *b) {
   if (a->dtype != b->dtype || a->stride_batch != b->stride_batch ||
-      a->stride_seq != b->stride_seq || a->stride_head != b->stride_head ||
-      a->batch != b->batch || a->seqlen != b->seqlen || a->heads != b->heads ||
-      a->headdim != b->headdim)
+      a->stride_seq != b->stride_seq || a->stride_head != b->stride_head || a->batch != b->batch ||
+      a->seqlen != b->seqlen || a->heads != b->heads || a->headdim != b->headdim)
     return 0;
   intptr_t diff = (intptr_t)((const char *)b->data - (const char *)a->data);
   intptr_t es = (intptr_t)fa_dtype_size(a->dtype);
@@ -173,8 +187,10 @@ static int strided_disjoint(const fa_tensor *a, const fa_tensor *b) {
   for (int i = 0; i < 4; i++) {
     if (n[i] == 1 || s[i] == 0) continue;
     int64_t c = delta / s[i], r = delta - c * s[i];
-    if (r > inner[i]) c++, r -= s[i];
-    else if (r < -inner[i]) c--, r += s[i];
+    if (r > inner[i])
+      c++, r -= s[i];
+    else if (r < -inner[i])
+      c--, r += s[i];
     if (r > inner[i] || r < -inner[i]) return 1;
     if (c >= n[i] || c <= -n[i]) return 1;
     delta = r;
@@ -211,15 +227,16 @@ static fa_status check_same_shape(const fa_tensor *a, const char *an, const fa_t
   int64_t y[4] = {b->batch, b->seqlen, b->heads, b->headdim};
   for (int i = 0; i < 4; i++)
     if (x[i] != y[i])
-      return fa_set_error(FA_ERR_INVALID_ARGUMENT, "%s: %s %lld differs from %s's %lld (shapes must match)",
-                          an, dim[i], (long long)x[i], bn, (long long)y[i]);
+      return fa_set_error(FA_ERR_INVALID_ARGUMENT,
+                          "%s: %s %lld differs from %s's %lld (shapes must match)", an, dim[i],
+                          (long long)x[i], bn, (long long)y[i]);
   return FA_OK;
 }
 
-#define FA_TRY(expr)                 \
-  do {                               \
-    fa_status st_ = (expr);          \
-    if (st_ != FA_OK) return st_;    \
+#define FA_TRY(expr)              \
+  do {                            \
+    fa_status st_ = (expr);       \
+    if (st_ != FA_OK) return st_; \
   } while (0)
 
 static fa_status check_params(const fa_params *p, const fa_tensor *q, const fa_tensor *k) {
@@ -232,7 +249,26 @@ static fa_status check_params(const fa_params *p, const fa_tensor *q, const fa_t
   if (!isfinite(p->softcap) || p->softcap < 0)
     return FA_INVALID("params.softcap must be finite and >= 0");
   if (!(p->dropout_p >= 0 && p->dropout_p < 1))
-    return FA_INVALID("params.dropout_p must be in [0, 1)");
+    return FA_INVALID("params.dropout_p must be in [0, 1) (got %g)", (double)p->dropout_p);
+  if (p->dropout_p > 0 &&
+      (double)q->batch * (double)q->heads * (p->cu_seqlens_q ? (double)p->num_seqs : 1) >=
+          4294967296.0)
+    return FA_INVALID("params.dropout_p: sequences x heads_q must be < 2^32 (the mask index)");
+  if (p->block_mask) {
+    if (p->block_size_q < 1 || p->block_size_k < 1)
+      return FA_INVALID(
+          "params.block_size_q and block_size_k must be >= 1 with a block_mask "
+          "(got %lld, %lld)",
+          (long long)p->block_size_q, (long long)p->block_size_k);
+    if (p->block_mask_stride_batch < 0 || p->block_mask_stride_head < 0 ||
+        p->block_mask_stride_row < 0)
+      return FA_INVALID("params.block_mask strides must be >= 0");
+    int64_t nbk = (k->seqlen + p->block_size_k - 1) / p->block_size_k;
+    if (p->block_mask_stride_row != 0 && p->block_mask_stride_row < nbk)
+      return FA_INVALID(
+          "params.block_mask_stride_row %lld is less than the %lld key blocks of a row",
+          (long long)p->block_mask_stride_row, (long long)nbk);
+  }
   if (p->num_threads < 0) return FA_INVALID("params.num_threads must be >= 0");
   if (p->alibi_slopes && p->alibi_stride_batch < 0)
     return FA_INVALID("params.alibi_stride_batch must be >= 0");
@@ -273,19 +309,24 @@ static fa_status make_problem(fa_pass pass, const fa_params *p, const fa_tensor 
   if (k->dtype != q->dtype || v->dtype != q->dtype)
     return FA_INVALID("q, k and v must have the same dtype");
   FA_TRY(check_same_shape(v, "v", k, "k"));
-  if (k->batch != q->batch) return FA_INVALID("k: batch %lld differs from q's %lld",
-                                              (long long)k->batch, (long long)q->batch);
+  if (k->batch != q->batch)
+    return FA_INVALID("k: batch %lld differs from q's %lld", (long long)k->batch,
+                      (long long)q->batch);
   if (k->headdim != q->headdim)
     return FA_INVALID("k: headdim %lld differs from q's %lld", (long long)k->headdim,
                       (long long)q->headdim);
   if (q->heads % k->heads)
-    return FA_INVALID("q: heads (%lld) must be a multiple of k's heads (%lld)",
-                      (long long)q->heads, (long long)k->heads);
+    return FA_INVALID("q: heads (%lld) must be a multiple of k's heads (%lld)", (long long)q->heads,
+                      (long long)k->heads);
   FA_TRY(check_params(p, q, k));
-  if (p->dropout_p > 0) return fa_set_error(FA_ERR_UNSUPPORTED, "params.dropout_p > 0: dropout is not implemented yet");
-  if (p->block_mask) return fa_set_error(FA_ERR_UNSUPPORTED, "params.block_mask: block-sparse attention is not implemented yet");
+  if ((p->dropout_p > 0 || p->block_mask) &&
+      !(p->device == FA_DEVICE_CPU && p->algorithm == FA_ALGO_STANDARD))
+    return fa_set_error(FA_ERR_UNSUPPORTED,
+                        "params.%s: so far only the standard algorithm on the CPU implements it",
+                        p->dropout_p > 0 ? "dropout_p > 0" : "block_mask");
   if (q->dtype == FA_DTYPE_F64 && !(p->device == FA_DEVICE_CPU && p->algorithm == FA_ALGO_STANDARD))
-    return fa_set_error(FA_ERR_UNSUPPORTED, "dtype f64 is only supported by the standard algorithm on the CPU");
+    return fa_set_error(FA_ERR_UNSUPPORTED,
+                        "dtype f64 is only supported by the standard algorithm on the CPU");
 
   memset(pb, 0, sizeof *pb);
   pb->params = p;
@@ -320,6 +361,10 @@ static fa_status make_problem(fa_pass pass, const fa_params *p, const fa_tensor 
     pb->max_seqlen_q = q->seqlen;
     pb->max_seqlen_k = k->seqlen;
   }
+  if (p->block_mask)
+    pb->block_mask_stride_row = p->block_mask_stride_row
+                                    ? p->block_mask_stride_row
+                                    : (k->seqlen + p->block_size_k - 1) / p->block_size_k;
   int nt = p->num_threads > 0 ? p->num_threads : omp_get_num_procs();
   pb->num_threads = nt > 0 ? nt : 1;
 
@@ -375,10 +420,11 @@ static fa_status run_backend(fa_pass pass, fa_problem *pb, size_t extra) {
   void *mem = NULL;
   if (p->workspace) {
     if (p->workspace_bytes < need)
-      return FA_INVALID("params.workspace_bytes %zu is smaller than the %zu bytes needed "
-                        "(see fa_workspace_size)", p->workspace_bytes, need);
-    if ((uintptr_t)p->workspace % 64)
-      return FA_INVALID("params.workspace must be 64-byte aligned");
+      return FA_INVALID(
+          "params.workspace_bytes %zu is smaller than the %zu bytes needed "
+          "(see fa_workspace_size)",
+          p->workspace_bytes, need);
+    if ((uintptr_t)p->workspace % 64) return FA_INVALID("params.workspace must be 64-byte aligned");
     pb->workspace = p->workspace;
   } else if (need > 0) {
     if (p->device == FA_DEVICE_CPU) {
@@ -414,7 +460,8 @@ static fa_status run_backend(fa_pass pass, fa_problem *pb, size_t extra) {
 }
 
 static fa_span lse_span(const fa_problem *pb, const float *lse) {
-  fa_span s = {(uintptr_t)lse, (uintptr_t)lse + (uintptr_t)pb->heads_q * (uintptr_t)pb->total_q * 4};
+  fa_span s = {(uintptr_t)lse,
+               (uintptr_t)lse + (uintptr_t)pb->heads_q * (uintptr_t)pb->total_q * 4};
   return s;
 }
 
@@ -481,4 +528,68 @@ fa_status fa_backward(const fa_params *params, const fa_tensor *q, const fa_tens
   pb.dv = *dv;
   pb.lse = (float *)lse;
   return run_backend(FA_PASS_BACKWARD, &pb, 0);
+}
+
+fa_status fa_dropout_mask(const fa_params *params, int64_t heads_q, int64_t seq, int64_t head,
+                          int64_t nq, int64_t nk, uint8_t *mask) {
+  if (!params) return FA_INVALID("params is NULL");
+  if (!(params->dropout_p >= 0 && params->dropout_p < 1))
+    return FA_INVALID("params.dropout_p must be in [0, 1) (got %g)", (double)params->dropout_p);
+  if (heads_q < 1) return FA_INVALID("heads_q must be >= 1 (got %lld)", (long long)heads_q);
+  if (seq < 0 || head < 0 || head >= heads_q)
+    return FA_INVALID("seq must be >= 0 and head in [0, heads_q) (got %lld, %lld)", (long long)seq,
+                      (long long)head);
+  if ((double)(seq + 1) * (double)heads_q > 4294967296.0)
+    return FA_INVALID("seq * heads_q + head must be < 2^32 (the mask index)");
+  if (nq < 0 || nk < 0 || nq > ((int64_t)1 << 32) || nk > ((int64_t)1 << 34))
+    return FA_INVALID("nq and nk must be >= 0 and within the mask index range");
+  if (!mask && nq * nk > 0) return FA_INVALID("mask is NULL");
+  const fa_dropout d =
+      fa_dropout_make(params->dropout_p, params->dropout_seed, params->dropout_offset);
+  const uint64_t bh = (uint64_t)(seq * heads_q + head);
+  for (int64_t i = 0; i < nq; i++)
+    for (int64_t j = 0; j < nk; j += 4) {
+      fa_u32x4 r = fa_dropout_bits(&d, bh, i, j);
+      for (int64_t c = j; c < j + 4 && c < nk; c++) mask[i * nk + c] = r.v[c & 3] >= d.threshold;
+    }
+  return FA_OK;
+}
+
+fa_status fa_block_mask_from_indices(const int32_t *counts, const int32_t *indices, int64_t rows,
+                                     int64_t max_blocks, int64_t key_blocks, uint8_t *mask) {
+  if (rows < 0 || max_blocks < 0 || key_blocks < 0)
+    return FA_INVALID("rows, max_blocks and key_blocks must be >= 0");
+  if (rows == 0 || key_blocks == 0) return FA_OK;
+  if (!counts || !mask || (!indices && max_blocks > 0))
+    return FA_INVALID("counts, indices and mask must not be NULL");
+  for (int64_t r = 0; r < rows; r++) {
+    if (counts[r] < 0 || counts[r] > max_blocks)
+      return FA_INVALID("counts[%lld] = %d is outside [0, max_blocks = %lld]", (long long)r,
+                        (int)counts[r], (long long)max_blocks);
+    for (int64_t t = 0; t < counts[r]; t++)
+      if (indices[r * max_blocks + t] < 0 || indices[r * max_blocks + t] >= key_blocks)
+        return FA_INVALID("indices[%lld] = %d is outside [0, key_blocks = %lld)",
+                          (long long)(r * max_blocks + t), (int)indices[r * max_blocks + t],
+                          (long long)key_blocks);
+  }
+  memset(mask, 0, (size_t)(rows * key_blocks)); /* only after everything was checked */
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t t = 0; t < counts[r]; t++) mask[r * key_blocks + indices[r * max_blocks + t]] = 1;
+  return FA_OK;
+}
+
+fa_status fa_block_mask_to_indices(const uint8_t *mask, int64_t rows, int64_t key_blocks,
+                                   int32_t *counts, int32_t *indices) {
+  if (rows < 0 || key_blocks < 0 || key_blocks > INT32_MAX)
+    return FA_INVALID("rows must be >= 0 and key_blocks in [0, 2^31)");
+  if (rows == 0) return FA_OK;
+  if (!mask || !counts || (!indices && key_blocks > 0))
+    return FA_INVALID("mask, counts and indices must not be NULL");
+  for (int64_t r = 0; r < rows; r++) {
+    int32_t n = 0;
+    for (int64_t c = 0; c < key_blocks; c++)
+      if (mask[r * key_blocks + c]) indices[r * key_blocks + n++] = (int32_t)c;
+    counts[r] = n;
+  }
+  return FA_OK;
 }

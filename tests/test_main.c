@@ -111,6 +111,7 @@ int main(int argc, char **argv) {
   register_validation_tests();
   register_forward_tests();
   register_backward_tests();
+  register_extension_tests();
 
   int passed = 0, failed = 0;
   double t_all = now_s();

@@ -44,6 +44,7 @@ double tr_mutate_scale(void);
 void register_forward_tests(void);
 void register_backward_tests(void);
 void register_validation_tests(void);
+void register_extension_tests(void); /* dropout, block-sparse */
 
 /* ---- random numbers (splitmix64) ---------------------------------------- */
 

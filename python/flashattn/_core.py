@@ -263,6 +263,20 @@ def _prepare(A, q, k, v, opts, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_m
         keep.append(a)
     if block_mask is not None:
         m = _aux(A, block_mask, "block_mask", dev, "uint8")
+        sh = tuple(A.shape(m))
+        hq = qs[-2]
+        bq, bk = max(1, opts.block_size_q), max(1, opts.block_size_k)
+        # rows the mask must cover: the sequence length (varlen: the total, a bound)
+        nq = qs[0] if varlen else qs[1]
+        nk = A.shape(k)[0] if varlen else A.shape(k)[1]
+        need = (-(-nq // bq), -(-nk // bk))
+        if (len(sh) != 4 or sh[0] not in (1, num_seqs) or sh[1] not in (1, hq)
+                or sh[2] < need[0] or sh[3] < need[1]):
+            raise ValueError("block_mask must have shape (batch_size or 1, nheads or 1, >= %d "
+                             "query blocks, >= %d key blocks), got %s" % (need[0], need[1], sh))
+        p.block_mask_stride_row = sh[3]
+        p.block_mask_stride_head = 0 if sh[1] == 1 else sh[2] * sh[3]
+        p.block_mask_stride_batch = 0 if sh[0] == 1 else sh[1] * sh[2] * sh[3]
         p.block_mask = A.ptr(m)
         keep.append(m)
     return p, dt, dev, varlen, keep

@@ -25,6 +25,8 @@ typedef struct fa_problem {
   int varlen;
   int num_threads;            /* resolved (>= 1) */
 
+  int64_t block_mask_stride_row; /* resolved (> 0) when params->block_mask is set */
+
   void *workspace;            /* at least the backend's reported size */
   size_t workspace_bytes;
 } fa_problem;
@@ -61,6 +63,17 @@ static inline fa_seq fa_problem_seq(const fa_problem *pb, int64_t s) {
     r.lse_head_stride = pb->q.seqlen;
   }
   return r;
+}
+
+/* Block-mask bytes for query row i (counted from the sequence's start) of
+ * sequence s, query head h: key j is allowed iff row[j / block_size_k] != 0.
+ * NULL when there is no block mask. */
+static inline const uint8_t *fa_problem_block_row(const fa_problem *pb, int64_t s, int64_t h,
+                                                  int64_t i) {
+  const fa_params *p = pb->params;
+  if (!p->block_mask) return NULL;
+  return p->block_mask + s * p->block_mask_stride_batch + h * p->block_mask_stride_head +
+         (i / p->block_size_q) * pb->block_mask_stride_row;
 }
 
 /* Element offset of (batch b, row n, head h) in a tensor. */

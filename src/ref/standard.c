@@ -13,6 +13,7 @@
 #include "backend.h"
 #include "common/convert.h"
 #include "common/mask.h"
+#include "common/philox.h"
 
 /* Rounds a P value to what the storage dtype can hold. */
 static inline float fa_round_to_storage(float x, fa_dtype dt) {

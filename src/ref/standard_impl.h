@@ -57,11 +57,17 @@ static REAL SFX(ref_slope)(const fa_problem *pb, int64_t s, int64_t h) {
   return pr->alibi_slopes ? (REAL)pr->alibi_slopes[s * pr->alibi_stride_batch + h] : 0;
 }
 
-/* P = softmax(masked, capped, biased scale * Q K^T) for query head h, one row of
- * nk per query row. tanh_out (optional) receives tanh(scale*qk/softcap) for the
+/* Dropout's multiplier of P[i][j] of matrix bh: 0 or 1 / (1 - p). */
+static REAL SFX(ref_dropout)(const fa_dropout *dr, float p, uint64_t bh, int64_t i, int64_t j) {
+  if (p <= 0) return 1;
+  return fa_dropout_keep(dr, bh, i, j) ? 1 / (1 - (REAL)p) : 0;
+}
+
+/* P = softmax(masked, capped, biased scale * Q K^T) for query head h of
+ * sequence s, one row of nk per query row. tanh_out (optional) receives tanh(scale*qk/softcap) for the
  * backward chain rule; lse_out (optional) each row's log-sum-exp. */
-static void SFX(ref_probabilities)(const fa_problem *pb, const fa_seq *sq, const fa_mask *mk,
-                                   int64_t h, REAL slope, const REAL *kb, REAL *p,
+static void SFX(ref_probabilities)(const fa_problem *pb, int64_t s, const fa_seq *sq,
+                                   const fa_mask *mk, int64_t h, REAL slope, const REAL *kb, REAL *p,
                                    REAL *tanh_out, REAL *qrow, float *lse_out) {
   const float cap = pb->params->softcap;
   const int64_t D = pb->headdim, nk = sq->nk;
@@ -69,9 +75,13 @@ static void SFX(ref_probabilities)(const fa_problem *pb, const fa_seq *sq, const
     REAL *row = p + i * nk;
     int64_t lo, hi;
     fa_mask_row_range(mk, i, &lo, &hi);
+    const uint8_t *brow = fa_problem_block_row(pb, s, h, i);
+    const int64_t bk = pb->params->block_size_k;
+#define REF_VISIBLE(j) ((j) >= lo && (j) < hi && (!brow || brow[(j) / bk]))
     LOAD_ROW(qrow, SFX(ref_row)(&pb->q, sq->qb, sq->q0 + i, h), pb->dtype, D);
     REAL mx = -INFINITY;
     for (int64_t j = lo; j < hi; j++) {
+      if (!REF_VISIBLE(j)) continue;
       REAL x = (REAL)pb->scale * SFX(ref_dot)(qrow, kb + j * D, D);
       if (cap > 0) {
         REAL t = TANH(x / (REAL)cap);
@@ -84,11 +94,12 @@ static void SFX(ref_probabilities)(const fa_problem *pb, const fa_seq *sq, const
     }
     REAL l = 0;
     for (int64_t j = 0; j < nk; j++) {
-      REAL e = (j >= lo && j < hi) ? EXP(row[j] - mx) : 0;
+      REAL e = REF_VISIBLE(j) ? EXP(row[j] - mx) : 0;
       row[j] = e;
       l += e;
     }
     if (lse_out) lse_out[i] = l > 0 ? (float)(mx + LOG(l)) : -INFINITY;
+#undef REF_VISIBLE
     REAL inv = l > 0 ? 1 / l : 0;
     for (int64_t j = 0; j < nk; j++) row[j] = SFX(ref_round)(row[j] * inv, pb->dtype);
   }
@@ -111,11 +122,16 @@ static fa_status SFX(ref_forward)(const fa_problem *pb) {
     float *lse = pb->lse + sq.lse0 + h * sq.lse_head_stride;
     SFX(ref_load_rows)(kb, &pb->k, sq.kb, sq.k0, sq.nk, hk);
     SFX(ref_load_rows)(vb, &pb->v, sq.kb, sq.k0, sq.nk, hk);
-    SFX(ref_probabilities)(pb, &sq, &mk, h, SFX(ref_slope)(pb, s, h), kb, p, NULL, qrow, lse);
+    SFX(ref_probabilities)(pb, s, &sq, &mk, h, SFX(ref_slope)(pb, s, h), kb, p, NULL, qrow, lse);
+    const fa_dropout dr = fa_dropout_make(pr->dropout_p, pr->dropout_seed, pr->dropout_offset);
+    const uint64_t bh = (uint64_t)(s * pb->heads_q + h);
     for (int64_t i = 0; i < sq.nq; i++) {
       memset(orow, 0, (size_t)D * sizeof(REAL));
-      for (int64_t j = 0; j < sq.nk; j++)
-        if (p[i * sq.nk + j] != 0) SFX(ref_axpy)(orow, p[i * sq.nk + j], vb + j * D, D);
+      for (int64_t j = 0; j < sq.nk; j++) {
+        REAL w = p[i * sq.nk + j];
+        if (w != 0) w *= SFX(ref_dropout)(&dr, pr->dropout_p, bh, i, j);
+        if (w != 0) SFX(ref_axpy)(orow, w, vb + j * D, D);
+      }
       STORE_ROW((char *)SFX(ref_row)(&pb->o, sq.qb, sq.q0 + i, h), orow, pb->dtype, D);
     }
   }
@@ -146,17 +162,21 @@ static fa_status SFX(ref_backward)(const fa_problem *pb) {
     memset(dkb, 0, (size_t)(nk * D) * sizeof(REAL));
     memset(dvb, 0, (size_t)(nk * D) * sizeof(REAL));
     for (int64_t h = hk * pb->group; h < (hk + 1) * pb->group; h++) {
-      SFX(ref_probabilities)(pb, &sq, &mk, h, SFX(ref_slope)(pb, s, h), kb, p, ds, qrow, NULL);
+      SFX(ref_probabilities)(pb, s, &sq, &mk, h, SFX(ref_slope)(pb, s, h), kb, p, ds, qrow, NULL);
+      const fa_dropout dr = fa_dropout_make(pr->dropout_p, pr->dropout_seed, pr->dropout_offset);
+      const uint64_t bh = (uint64_t)(s * pb->heads_q + h);
       for (int64_t i = 0; i < sq.nq; i++) {
         const REAL *prow = p + i * nk;
         REAL *dsrow = ds + i * nk;
         LOAD_ROW(qrow, SFX(ref_row)(&pb->q, sq.qb, sq.q0 + i, h), pb->dtype, D);
         LOAD_ROW(dorow, SFX(ref_row)(&pb->dout, sq.qb, sq.q0 + i, h), pb->dtype, D);
         REAL di = 0;
+        /* with dropout's Z: dV += Z P dO, dP~ = Z (dO V^T), dS = P (dP~ - rowsum(P dP~)) */
         for (int64_t j = 0; j < nk; j++) {
-          dprow[j] = prow[j] != 0 ? SFX(ref_dot)(dorow, vb + j * D, D) : 0;
+          REAL z = prow[j] != 0 ? SFX(ref_dropout)(&dr, pr->dropout_p, bh, i, j) : 0;
+          dprow[j] = z != 0 ? z * SFX(ref_dot)(dorow, vb + j * D, D) : 0;
           di += prow[j] * dprow[j];
-          if (prow[j] != 0) SFX(ref_axpy)(dvb + j * D, prow[j], dorow, D);
+          if (z != 0) SFX(ref_axpy)(dvb + j * D, z * prow[j], dorow, D);
         }
         memset(dqrow, 0, (size_t)D * sizeof(REAL));
         for (int64_t j = 0; j < nk; j++) {

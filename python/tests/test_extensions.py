@@ -1,0 +1,74 @@
+"""Dropout and block-sparse attention through the torch functions, on the algorithm that
+implements them so far (standard, CPU): gradients by gradcheck in float64 with the mask
+held fixed, and the block mask against masked math attention."""
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import flashattn  # noqa: E402
+
+
+def _rand(*shape):
+    return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+
+
+def _math(q, k, v, allowed):
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(~allowed, float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows that see nothing give 0
+    return torch.einsum("bhqk,bkhd->bqhd", p, v)
+
+
+def test_dropout_gradcheck():
+    q, k, v = _rand(1, 9, 2, 8), _rand(1, 11, 2, 8), _rand(1, 11, 2, 8)
+
+    def f(q, k, v):
+        torch.manual_seed(3)  # the seed flashattn draws: the same mask every call
+        return flashattn.flash_attn_func(q, k, v, dropout_p=0.3, causal=True,
+                                         algorithm="standard")
+
+    assert torch.autograd.gradcheck(f, (q, k, v), eps=1e-6, atol=1e-7)
+    torch.manual_seed(3)
+    a = f(q, k, v)
+    torch.manual_seed(4)
+    b = flashattn.flash_attn_func(q, k, v, dropout_p=0.3, causal=True, algorithm="standard")
+    assert not torch.equal(a, b), "another seed must give another mask"
+
+
+@pytest.mark.parametrize("heads_broadcast", [False, True])
+def test_block_mask_matches_masked_math(heads_broadcast):
+    B, Nq, Nk, H, D, bq, bk = 2, 13, 21, 3, 8, 4, 8
+    q, k, v = _rand(B, Nq, H, D), _rand(B, Nk, H, D), _rand(B, Nk, H, D)
+    nbq, nbk = -(-Nq // bq), -(-Nk // bk)
+    g = torch.Generator().manual_seed(0)
+    mask = (torch.rand(B, 1 if heads_broadcast else H, nbq, nbk, generator=g) < 0.5)
+    mask[0, 0, 0] = False  # a query block that sees nothing: O = 0 there
+    out = flashattn.flash_attn_func(q, k, v, block_mask=mask.to(torch.uint8),
+                                    block_size=(bq, bk), algorithm="standard")
+    allowed = mask.expand(B, H, nbq, nbk).repeat_interleave(bq, 2).repeat_interleave(bk, 3)
+    ref = _math(q, k, v, allowed[:, :, :Nq, :Nk])
+    # the softmax scale reaches the library as a float32: agreement to ~1e-8
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-7)
+    assert torch.all(out[0, :bq, 0] == 0)
+    out.sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    ref.sum().backward()
+    for got, t in zip(grads, (q, k, v)):
+        torch.testing.assert_close(got, t.grad, rtol=1e-6, atol=1e-7)
+
+
+def test_block_mask_shape_is_checked():
+    q, k, v = _rand(1, 16, 2, 8), _rand(1, 16, 2, 8), _rand(1, 16, 2, 8)
+    small = torch.ones(1, 2, 1, 4, dtype=torch.uint8)  # 1 query block of 8 < 16 rows
+    with pytest.raises(ValueError, match="block_mask"):
+        flashattn.flash_attn_func(q, k, v, block_mask=small, block_size=(8, 4),
+                                  algorithm="standard")
+
+
+def test_flash_refuses_dropout_for_now():
+    q, k, v = _rand(1, 8, 1, 8), _rand(1, 8, 1, 8), _rand(1, 8, 1, 8)
+    with pytest.raises(flashattn.FlashAttnError, match="dropout"):
+        flashattn.flash_attn_func(q.float(), k.float(), v.float(), dropout_p=0.1)

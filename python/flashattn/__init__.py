@@ -72,6 +72,14 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask, op
                          alibi_slopes, block_mask)
 
 
+def dropout_mask(dropout_p, seed, offset, nheads, seqlen_q, seqlen_k, batch=1):
+    """Dropout's keep mask (uint8, (batch, nheads, seqlen_q, seqlen_k)) for a seed and
+    offset, bit for bit what every backend draws (docs/DROPOUT.md); a numpy array."""
+    import numpy as np
+    raw = _lib.dropout_mask(dropout_p, seed, offset, nheads, seqlen_q, seqlen_k, batch)
+    return np.frombuffer(raw, dtype=np.uint8).reshape(batch, nheads, seqlen_q, seqlen_k).copy()
+
+
 def _result(out, lse, return_attn_probs):
     # flash-attn returns (out, softmax_lse, S_dmask); we never materialise P.
     return (out, lse, None) if return_attn_probs else out

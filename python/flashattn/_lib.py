@@ -175,6 +175,8 @@ lib.fa_tensor_bhnd.argtypes = [ctypes.c_void_p, _enum_t] + [ctypes.c_int64] * 4
 lib.fa_tensor_bhnd.restype = FaTensor
 lib.fa_dtype_size.argtypes = [_enum_t]
 lib.fa_dtype_size.restype = ctypes.c_size_t
+lib.fa_dropout_mask.argtypes = [_P(FaParams)] + [ctypes.c_int64] * 5 + [ctypes.c_void_p]
+lib.fa_dropout_mask.restype = _status
 
 
 def _check(status, function):
@@ -254,3 +256,21 @@ def backward(params, q, k, v, o, dout, lse_ptr, dq, dk, dv, alloc=None):
                            ctypes.byref(dq), ctypes.byref(dk), ctypes.byref(dv)),
            "fa_backward")
     del keep
+
+
+def dropout_mask(dropout_p, seed, offset, nheads, seqlen_q, seqlen_k, batch=1):
+    """The keep (1) / drop (0) decisions of dropout, as every backend draws them
+    (docs/DROPOUT.md), for a (batch, nheads, seqlen_q, seqlen_k) problem: a bytes
+    object of that many elements in that order (batch = sequence index for varlen)."""
+    p = FaParams()
+    p.dropout_p = float(dropout_p)
+    p.dropout_seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+    p.dropout_offset = int(offset) & 0xFFFFFFFFFFFFFFFF
+    one = int(seqlen_q) * int(seqlen_k)
+    buf = ctypes.create_string_buffer(max(1, int(batch) * int(nheads) * one))
+    for s in range(int(batch)):
+        for h in range(int(nheads)):
+            at = ctypes.addressof(buf) + (s * int(nheads) + h) * one
+            _check(lib.fa_dropout_mask(ctypes.byref(p), int(nheads), s, h, int(seqlen_q),
+                                       int(seqlen_k), at), "fa_dropout_mask")
+    return buf.raw[:int(batch) * int(nheads) * one]

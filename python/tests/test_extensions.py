@@ -60,6 +60,23 @@ def test_block_mask_matches_masked_math(heads_broadcast):
         torch.testing.assert_close(got, t.grad, rtol=1e-6, atol=1e-7)
 
 
+def test_dropout_with_the_public_mask():
+    """O = (Z * P) V with Z from flashattn.dropout_mask and the seed torch drew."""
+    np = pytest.importorskip("numpy")
+    q, k, v = _rand(2, 7, 3, 8), _rand(2, 10, 3, 8), _rand(2, 10, 3, 8)
+    p = 0.4
+    torch.manual_seed(11)
+    seed = int(torch.randint(0, 2 ** 62, (1,), dtype=torch.int64).item())
+    torch.manual_seed(11)
+    out = flashattn.flash_attn_func(q, k, v, dropout_p=p, algorithm="standard")
+    keep = torch.from_numpy(flashattn.dropout_mask(p, seed, 0, 3, 7, 10, batch=2)).bool()
+    assert 0.3 < keep.float().mean().item() < 0.9
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(8)
+    z = keep.double() / (1 - np.float32(p).item())
+    ref = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, -1) * z, v)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-7)
+
+
 def test_block_mask_shape_is_checked():
     q, k, v = _rand(1, 16, 2, 8), _rand(1, 16, 2, 8), _rand(1, 16, 2, 8)
     small = torch.ones(1, 2, 1, 4, dtype=torch.uint8)  # 1 query block of 8 < 16 rows

@@ -64,9 +64,17 @@ static size_t bwd_di_bytes(const fa_problem *pb) {
 
 typedef struct bwd_sched {
   int64_t nrb, ncb;          /* row / key blocks per sequence (longest) */
-  int64_t q_units, kv_units; /* passes 1 and 3; pass 2 */
+  int64_t q_units, kv_units; /* passes 1 and 3; pass 2 (fused: B*Hk) */
+  int fused;
+  size_t dq_bytes; /* fused: per-thread dQ accumulator */
   int nt;
 } bwd_sched;
+
+/* Fused order when there are enough (sequence, K/V head) units to share out
+ * and their dQ accumulators are small. The choice depends on the problem
+ * only, never on the thread count, so results stay bitwise thread-independent. */
+#define BWD_FUSED_MIN_UNITS 4
+#define BWD_FUSED_MAX_BYTES ((size_t)64 << 20)
 
 static bwd_sched bwd_schedule(const cpu_ctx *c) {
   const fa_problem *pb = c->pb;
@@ -74,7 +82,10 @@ static bwd_sched bwd_schedule(const cpu_ctx *c) {
   s.nrb = cpu_cdiv(pb->max_seqlen_q, c->br);
   s.ncb = cpu_cdiv(pb->max_seqlen_k, c->bc);
   s.q_units = pb->batch * pb->heads_q * s.nrb;
-  s.kv_units = pb->batch * pb->heads_k * s.ncb;
+  s.dq_bytes = (size_t)(pb->group * pb->max_seqlen_q * c->Dp) * sizeof(float);
+  s.fused = pb->batch * pb->heads_k >= BWD_FUSED_MIN_UNITS && s.dq_bytes <= BWD_FUSED_MAX_BYTES;
+  s.kv_units = pb->batch * pb->heads_k * (s.fused ? 1 : s.ncb);
+  if (!s.fused) s.dq_bytes = 0;
   s.nt = cpu_threads(pb, cpu_max(s.q_units, s.kv_units));
   return s;
 }
@@ -151,9 +162,10 @@ static void bwd_di(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, float *Di, 
   }
 }
 
-/* Pass 2: dK, dV of keys [c0, c0+nc) of K/V head hk of sequence s. */
+/* Pass 2: dK, dV of keys [c0, c0+nc) of K/V head hk of sequence s; with
+ * dQacc (fused order), also dQacc[h - first head][row] += dS K. */
 static void bwd_kv(const cpu_ctx *c, bwd_bufs *b, const float *Di, int64_t s, int64_t hk,
-                   int64_t c0, int64_t nc) {
+                   int64_t c0, int64_t nc, float *dQacc) {
   const fa_problem *pb = c->pb;
   const int64_t Dp = c->Dp, br = c->br;
   cpu_unit u;
@@ -163,7 +175,7 @@ static void bwd_kv(const cpu_ctx *c, bwd_bufs *b, const float *Di, int64_t s, in
   fa_mask_col_range(&u.mk, c0 + nc - 1, &t1, &rhi);
   tile_fill(b->dK, Dp, nc, Dp, 0.0f);
   tile_fill(b->dV, Dp, nc, Dp, 0.0f);
-  if (rlo < rhi) bwd_load_kv(c, &u, b, c0, nc, 0);
+  if (rlo < rhi) bwd_load_kv(c, &u, b, c0, nc, dQacc != NULL);
   for (int64_t h = hk * pb->group; h < (hk + 1) * pb->group; h++) {
     cpu_unit_init(&u, c, s, h);
     for (int64_t r0 = rlo; r0 < rhi; r0 += br) {
@@ -174,6 +186,10 @@ static void bwd_kv(const cpu_ctx *c, bwd_bufs *b, const float *Di, int64_t s, in
       const int32_t *lo = partial ? b->lo : NULL, *hi = partial ? b->hi : NULL;
       bwd_acc(c, b->dV, nc, nr, b->S, 1, c->bc, b->dO, lo, hi);
       bwd_acc(c, b->dK, nc, nr, b->dS, 1, c->bc, b->Q, lo, hi);
+      if (!dQacc) continue;
+      if (partial) cpu_mask_ranges(&u.mk, b->lo, b->hi, r0, nr, c0, nc);
+      bwd_acc(c, dQacc + ((h - hk * pb->group) * pb->max_seqlen_q + r0) * Dp, nr, nc, b->dS, c->bc,
+              1, b->K, lo, hi);
     }
   }
   for (int64_t j = 0; j < nc; j++) {
@@ -210,14 +226,30 @@ size_t fa_cpu_backward_workspace(const fa_problem *pb) {
   cpu_ctx c;
   bwd_ctx(&c, pb);
   const bwd_sched s = bwd_schedule(&c);
-  return bwd_di_bytes(pb) + (size_t)s.nt * bwd_slice(&c, NULL, NULL);
+  return bwd_di_bytes(pb) + (size_t)s.nt * (bwd_slice(&c, NULL, NULL) + s.dq_bytes);
+}
+
+/* Fused order: every key block of (sequence s, K/V head hk) with dQ of the
+ * group's query heads accumulated in dQacc, then stored. */
+static void bwd_fused(const cpu_ctx *c, bwd_bufs *b, const float *Di, int64_t s, int64_t hk,
+                      float *dQacc) {
+  const fa_problem *pb = c->pb;
+  const fa_seq sq = fa_problem_seq(pb, s);
+  const int64_t Dp = c->Dp;
+  tile_fill(dQacc, Dp, pb->group * pb->max_seqlen_q, Dp, 0.0f);
+  for (int64_t c0 = 0; c0 < sq.nk; c0 += c->bc)
+    bwd_kv(c, b, Di, s, hk, c0, cpu_min(c->bc, sq.nk - c0), dQacc);
+  for (int64_t g = 0; g < pb->group; g++)
+    for (int64_t r = 0; r < sq.nq; r++)
+      c->kn->store_row(cpu_row(c, &pb->dq, sq.qb, sq.q0 + r, hk * pb->group + g),
+                       dQacc + (g * pb->max_seqlen_q + r) * Dp, c->scale, pb->dtype, c->D);
 }
 
 fa_status fa_cpu_backward(const fa_problem *pb) {
   cpu_ctx c;
   bwd_ctx(&c, pb);
   const bwd_sched s = bwd_schedule(&c);
-  const size_t slice = bwd_slice(&c, NULL, NULL);
+  const size_t slice = bwd_slice(&c, NULL, NULL) + s.dq_bytes;
   float *Di = (float *)pb->workspace;
   char *slices = (char *)pb->workspace + bwd_di_bytes(pb);
 #pragma omp parallel num_threads(s.nt)
@@ -232,19 +264,26 @@ fa_status fa_cpu_backward(const fa_problem *pb) {
       cpu_unit_init(&u, &c, sh / pb->heads_q, sh % pb->heads_q);
       if (r0 < u.sq.nq) bwd_di(&c, &u, &b, Di, r0, cpu_min(u.sq.nq, r0 + c.br));
     }
+    if (s.fused) {
+      float *dQacc = (float *)(slices + (size_t)omp_get_thread_num() * slice + slice - s.dq_bytes);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t w = 0; w < s.kv_units; w++)
+        bwd_fused(&c, &b, Di, w / pb->heads_k, w % pb->heads_k, dQacc);
+    } else {
 #pragma omp for schedule(static, 1)
-    for (int64_t w = 0; w < s.kv_units; w++) {
-      const int64_t sh = w / s.ncb, c0 = (w % s.ncb) * c.bc;
-      const int64_t seq = sh / pb->heads_k, hk = sh % pb->heads_k;
-      const fa_seq sq = fa_problem_seq(pb, seq);
-      if (c0 < sq.nk) bwd_kv(&c, &b, Di, seq, hk, c0, cpu_min(c.bc, sq.nk - c0));
-    }
+      for (int64_t w = 0; w < s.kv_units; w++) {
+        const int64_t sh = w / s.ncb, c0 = (w % s.ncb) * c.bc;
+        const int64_t seq = sh / pb->heads_k, hk = sh % pb->heads_k;
+        const fa_seq sq = fa_problem_seq(pb, seq);
+        if (c0 < sq.nk) bwd_kv(&c, &b, Di, seq, hk, c0, cpu_min(c.bc, sq.nk - c0), NULL);
+      }
 #pragma omp for schedule(static, 1)
-    for (int64_t w = 0; w < s.q_units; w++) {
-      const int64_t sh = w / s.nrb, r0 = (w % s.nrb) * c.br;
-      cpu_unit u;
-      cpu_unit_init(&u, &c, sh / pb->heads_q, sh % pb->heads_q);
-      if (r0 < u.sq.nq) bwd_q(&c, &u, &b, Di, r0, cpu_min(u.sq.nq, r0 + c.br));
+      for (int64_t w = 0; w < s.q_units; w++) {
+        const int64_t sh = w / s.nrb, r0 = (w % s.nrb) * c.br;
+        cpu_unit u;
+        cpu_unit_init(&u, &c, sh / pb->heads_q, sh % pb->heads_q);
+        if (r0 < u.sq.nq) bwd_q(&c, &u, &b, Di, r0, cpu_min(u.sq.nq, r0 + c.br));
+      }
     }
   }
   return FA_OK;

@@ -3,26 +3,31 @@
  * Work unit: (sequence, query head, chunk of query rows), handed out
  * dynamically (heaviest causal chunks first), so one long sequence still
  * spreads over every thread and a core slowed by other work takes less.
- * FLASH2 uses chunks of one Br block and keeps m, l and the O accumulator in
- * the thread's tile memory across the key loop. FLASH1 (Algorithm 1: keys
- * outer, queries inner) uses chunks of ceil(Nq / ceil(threads / (B*H))) rows
- * whose unnormalised O, m, l live in a float32 buffer ("memory") that every
- * key block re-reads and rescales; its Q tiles are re-read per key block too.
- * Both share fwd_step.
+ * Within a chunk, key tiles are outer and Br-row sub-blocks inner, so each
+ * K/V tile is loaded (converted, packed) once per chunk. Key tiles lie on a
+ * grid of Bc from key 0, so every row sees the same tiles in the same order
+ * whatever the chunking: results depend on Br and Bc only, not on threads.
+ *   FLASH2: chunks of up to 4 Br rows whose Q^T (packed once), O, m and l
+ *   stay in the thread's tile memory (sized to L2) for the whole key loop.
+ *   FLASH1 (Algorithm 1: keys outer, queries inner): chunks of
+ *   ceil(Nq / ceil(threads / (B*H))) rows whose unnormalised O, m, l live in
+ *   a float32 buffer ("memory") that every key block re-reads and rescales;
+ *   Q^T is re-read per key block too.
  *
  * Scores are computed transposed, S^T = K Q^T (keys x queries): K rows are the
- * broadcast operand as they come (no per-tile transpose), Q^T is packed once
- * per row block, and the online softmax runs down the columns, 8 query rows
+ * broadcast operand as they come (no per-tile transpose), Q^T is packed in
+ * 16-wide panels, and the online softmax runs down the columns, 8 query rows
  * per vector, without horizontal reductions. O += P V then reads P^T with
  * swapped strides.
  *
  * Workspace (floats, each buffer rounded up to 64 bytes; Dp = D rounded up to
  * 8, Brp = Br rounded up to 16), per thread:
- *   Q^T, O: 2*Brp*Dp;  K, V: 2*Bc*Dp (V's last panel padded);  S^T: Bc*Brp;
- *   m, l, alpha: 3*Brp;  mask ranges: 2*max(Brp, Bc) int32
- *   FLASH1 adds the chunk's O, m, l: chunk*(Dp + 2) + 2*Brp
- * total = min(threads, units) * slice. B=H=1, N=65536, D=64: ~0.2 MiB per
- * thread for FLASH2; FLASH1 adds N*(D+2)*4 bytes = 17 MiB over all threads. */
+ *   Q^T: FLASH2 chunk*D, FLASH1 Brp*D;  O, m, l: chunk*Dp + 2*(chunk + Brp);
+ *   K, V: 2*Bc*Dp (V's last panel padded);  S^T: Bc*Brp;  alpha: Brp;
+ *   mask ranges: 2*max(Brp, Bc) int32
+ * total = min(threads, units) * slice. B=H=1, N=65536, D=64: ~0.3 MiB per
+ * thread for FLASH2; FLASH1's chunk state is N*(D+2)*4 bytes = 17 MiB over
+ * all threads. */
 #include <omp.h>
 
 #include "cpu/cpu.h"
@@ -31,7 +36,7 @@
 static void fwd_ctx(cpu_ctx *c, const fa_problem *pb) { cpu_ctx_init(c, pb, 2, 2, 1); }
 
 typedef struct fwd_sched {
-  int64_t chunk;   /* query rows per unit */
+  int64_t chunk;   /* query rows per unit, a multiple of Br */
   int64_t nchunks; /* units per (sequence, head) */
   int64_t units;
   int nt;
@@ -39,12 +44,20 @@ typedef struct fwd_sched {
 
 static fwd_sched fwd_schedule(const cpu_ctx *c) {
   const fa_problem *pb = c->pb;
-  const int64_t bh = pb->batch * pb->heads_q, nq = pb->max_seqlen_q;
+  const int64_t bh = pb->batch * pb->heads_q, nq = pb->max_seqlen_q, br = c->br;
   fwd_sched s;
-  s.chunk = c->br;
   if (pb->params->algorithm == FA_ALGO_FLASH1) {
     const int64_t per_bh = cpu_cdiv(pb->num_threads, bh);
-    s.chunk = cpu_max(c->br, cpu_cdiv(cpu_cdiv(nq, per_bh), c->br) * c->br);
+    s.chunk = cpu_max(br, cpu_cdiv(cpu_cdiv(nq, per_bh), br) * br);
+  } else {
+    /* Up to 4 sub-blocks share each K/V tile while Q^T and O stay within
+     * half of L2 and there are at least 4 units per thread to balance. */
+    int64_t l1, l2, f = 4;
+    cpu_cache_sizes(&l1, &l2);
+    while (f > 1 && (f * br * (c->D + c->Dp) * 4 > l2 / 2 ||
+                     bh * cpu_cdiv(nq, f * br) < 4 * (int64_t)pb->num_threads))
+      f--;
+    s.chunk = cpu_min(f * br, cpu_cdiv(nq, br) * br);
   }
   s.nchunks = cpu_cdiv(nq, s.chunk);
   s.units = bh * s.nchunks;
@@ -53,31 +66,25 @@ static fwd_sched fwd_schedule(const cpu_ctx *c) {
 }
 
 typedef struct fwd_bufs {
-  float *QT, *O, *K, *V, *ST, *m, *l, *alpha;
+  float *QT, *O, *m, *l, *K, *V, *ST, *alpha;
   int32_t *klo, *khi;
-  float *cO, *cm, *cl; /* FLASH1 chunk state */
 } fwd_bufs;
 
 static size_t fwd_layout(const cpu_ctx *c, const fwd_sched *s, char *base, fwd_bufs *b) {
   const int64_t Dp = c->Dp, brp = c->brp, bc = c->bc;
+  const int flash1 = c->pb->params->algorithm == FA_ALGO_FLASH1;
   cpu_carver cv = {base, 0};
   fwd_bufs t;
-  t.QT = cpu_take(&cv, brp * Dp);
-  t.O = cpu_take(&cv, brp * Dp);
+  t.QT = cpu_take(&cv, (flash1 ? brp : fa_round_up(s->chunk, 16)) * c->D);
+  t.O = cpu_take(&cv, s->chunk * Dp);
+  t.m = cpu_take(&cv, s->chunk + brp); /* softmax_cols reads whole vectors */
+  t.l = cpu_take(&cv, s->chunk + brp);
   t.K = cpu_take(&cv, bc * Dp);
   t.V = cpu_take(&cv, bc * fa_round_up(Dp, cpu_dbw(c)));
   t.ST = cpu_take(&cv, bc * brp);
-  t.m = cpu_take(&cv, brp);
-  t.l = cpu_take(&cv, brp);
   t.alpha = cpu_take(&cv, brp);
   t.klo = (int32_t *)cpu_take(&cv, cpu_max(brp, bc));
   t.khi = (int32_t *)cpu_take(&cv, cpu_max(brp, bc));
-  t.cO = t.cm = t.cl = NULL;
-  if (c->pb->params->algorithm == FA_ALGO_FLASH1) {
-    t.cO = cpu_take(&cv, s->chunk * Dp);
-    t.cm = cpu_take(&cv, s->chunk + brp); /* softmax_cols reads whole vectors */
-    t.cl = cpu_take(&cv, s->chunk + brp);
-  }
   if (b) *b = t;
   return cv.off;
 }
@@ -93,6 +100,21 @@ static void fwd_load_kv(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_
                      pb->v.stride_seq * (int64_t)c->esize, pb->dtype, nc, c->D);
 }
 
+/* Asks for keys [c0, c0+nc) of K and V ahead of their load: their rows lie
+ * a head-stride apart, too far for the hardware prefetcher to follow. */
+static void fwd_prefetch_kv(const cpu_ctx *c, const cpu_unit *u, int64_t c0, int64_t nc) {
+  const fa_problem *pb = c->pb;
+  const int64_t bytes = c->D * (int64_t)c->esize;
+  for (int64_t j = 0; j < nc; j++) {
+    const char *k = cpu_row(c, &pb->k, u->sq.kb, u->sq.k0 + c0 + j, u->hk);
+    const char *v = cpu_row(c, &pb->v, u->sq.kb, u->sq.k0 + c0 + j, u->hk);
+    for (int64_t o = 0; o < bytes; o += 64) {
+      __builtin_prefetch(k + o);
+      __builtin_prefetch(v + o);
+    }
+  }
+}
+
 /* Q^T of rows [r0, r0+nr) in 16-wide panels (rows past nr zero). */
 static void fwd_load_q(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t r0, int64_t nr) {
   const fa_problem *pb = c->pb;
@@ -100,20 +122,14 @@ static void fwd_load_q(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t
                        pb->q.stride_seq * (int64_t)c->esize, pb->dtype, nr, c->D);
 }
 
-static void fwd_init_state(int64_t nr, int64_t Dp, float *O, float *m, float *l) {
-  tile_fill(O, Dp, nr, Dp, 0.0f);
-  tile_fill(m, 1, fa_round_up(nr, FA_VL), 1, -INFINITY);
-  tile_fill(l, 1, fa_round_up(nr, FA_VL), 1, 0.0f);
-}
-
 /* S^T of rows [r0, r0+nr) against keys [c0, c0+nc): softcap, ALiBi and, on
  * tiles the mask's edge crosses, -inf where masked, plus each row's visible
  * key range in klo/khi for O += P V (returns 1 then). */
-static int fwd_scores(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t r0, int64_t nr,
-                      int64_t c0, int64_t nc) {
+static int fwd_scores(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, const float *QT, int64_t r0,
+                      int64_t nr, int64_t c0, int64_t nc) {
   const int64_t brp = c->brp, ncol = fa_round_up(nr, FA_VL);
-  const fa_gemm g = {nc, ncol,  c->D, b->K,     c->Dp, 1,    b->QT, 16,  16 * c->D,
-                     16, b->ST, brp,  c->scale, 0,     NULL, NULL,  NULL};
+  const fa_gemm g = {nc, ncol,  c->D, b->K,     c->Dp, 1,    QT,   16,  16 * c->D,
+                     16, b->ST, brp,  c->scale, 0,     NULL, NULL, NULL};
   c->kn->gemm(&g);
   if (c->cap > 0.0f) tile_softcap(b->ST, brp, nc, ncol, c->cap, NULL);
   if (u->slope != 0.0f) tile_alibi_t(b->ST, brp, nc, ncol, u->slope, r0 + u->sq.nk - u->sq.nq, c0);
@@ -124,11 +140,11 @@ static int fwd_scores(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t 
   return 1;
 }
 
-/* One online-softmax step: rows [r0, r0+nr) (Q^T loaded) against keys
- * [c0, c0+nc) (K, V loaded), updating O (ld Dp), m, l. */
-static void fwd_step(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t r0, int64_t nr,
-                     int64_t c0, int64_t nc, float *O, float *m, float *l) {
-  const int partial = fwd_scores(c, u, b, r0, nr, c0, nc);
+/* One online-softmax step: rows [r0, r0+nr) (their Q^T panels at QT)
+ * against keys [c0, c0+nc) (K, V loaded), updating O (ld Dp), m, l. */
+static void fwd_step(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, const float *QT, int64_t r0,
+                     int64_t nr, int64_t c0, int64_t nc, float *O, float *m, float *l) {
+  const int partial = fwd_scores(c, u, b, QT, r0, nr, c0, nc);
   c->kn->softmax_cols(b->ST, c->brp, nc, fa_round_up(nr, FA_VL), m, l, b->alpha);
   const int vbw = cpu_dbw(c);
   const fa_gemm g = {nr,
@@ -163,43 +179,33 @@ static void fwd_finish(const cpu_ctx *c, const cpu_unit *u, int64_t r0, int64_t 
   }
 }
 
-/* FlashAttention-2: one Br block of rows, keys inner. */
-static void fwd_flash2(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t r0, int64_t r1) {
-  const int64_t nr = r1 - r0;
+/* Rows [q0, q1): key tiles outer, Br sub-blocks inner (see the top). */
+static void fwd_chunk(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t q0, int64_t q1) {
+  const int64_t Dp = c->Dp, br = c->br, bc = c->bc;
+  const int flash1 = c->pb->params->algorithm == FA_ALGO_FLASH1;
   int64_t klo, khi;
-  fwd_load_q(c, u, b, r0, nr);
-  fwd_init_state(nr, c->Dp, b->O, b->m, b->l);
-  fa_mask_block_range(&u->mk, r0, r1, &klo, &khi);
-  for (int64_t c0 = klo; c0 < khi; c0 += c->bc) {
-    const int64_t nc = cpu_min(c->bc, khi - c0);
-    fwd_load_kv(c, u, b, c0, nc);
-    fwd_step(c, u, b, r0, nr, c0, nc, b->O, b->m, b->l);
-  }
-  fwd_finish(c, u, r0, nr, b->O, b->m, b->l);
-}
-
-/* FlashAttention-1 (Algorithm 1): rows [q0, q1) with O, m, l in memory; keys
- * outer, Br row blocks inner. */
-static void fwd_flash1(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t q0, int64_t q1) {
-  const int64_t Dp = c->Dp, br = c->br;
-  int64_t klo, khi;
-  fwd_init_state(q1 - q0, Dp, b->cO, b->cm, b->cl);
+  tile_fill(b->O, Dp, q1 - q0, Dp, 0.0f);
+  tile_fill(b->m, 1, fa_round_up(q1 - q0, FA_VL), 1, -INFINITY);
+  tile_fill(b->l, 1, fa_round_up(q1 - q0, FA_VL), 1, 0.0f);
   fa_mask_block_range(&u->mk, q0, q1, &klo, &khi);
-  for (int64_t c0 = klo; c0 < khi; c0 += c->bc) {
-    const int64_t nc = cpu_min(c->bc, khi - c0);
+  if (!flash1 && klo < khi) fwd_load_q(c, u, b, q0, q1 - q0);
+  for (int64_t c0 = klo / bc * bc; c0 < khi; c0 += bc) {
+    const int64_t nc = cpu_min(bc, khi - c0);
     fwd_load_kv(c, u, b, c0, nc);
+    if (c0 + bc < khi) fwd_prefetch_kv(c, u, c0 + bc, cpu_min(bc, khi - c0 - bc));
     for (int64_t r0 = q0; r0 < q1; r0 += br) {
       const int64_t nr = cpu_min(br, q1 - r0), i = r0 - q0;
       int64_t lo, hi;
       fa_mask_block_range(&u->mk, r0, r0 + nr, &lo, &hi);
       if (hi <= c0 || lo >= c0 + nc) continue;
-      fwd_load_q(c, u, b, r0, nr);
-      fwd_step(c, u, b, r0, nr, c0, nc, b->cO + i * Dp, b->cm + i, b->cl + i);
+      if (flash1) fwd_load_q(c, u, b, r0, nr);
+      fwd_step(c, u, b, flash1 ? b->QT : b->QT + i * c->D, r0, nr, c0, nc, b->O + i * Dp, b->m + i,
+               b->l + i);
     }
   }
   for (int64_t r0 = q0; r0 < q1; r0 += br) {
     const int64_t nr = cpu_min(br, q1 - r0), i = r0 - q0;
-    fwd_finish(c, u, r0, nr, b->cO + i * Dp, b->cm + i, b->cl + i);
+    fwd_finish(c, u, r0, nr, b->O + i * Dp, b->m + i, b->l + i);
   }
 }
 
@@ -215,7 +221,6 @@ fa_status fa_cpu_forward(const fa_problem *pb) {
   fwd_ctx(&c, pb);
   const fwd_sched s = fwd_schedule(&c);
   const size_t slice = fwd_layout(&c, &s, NULL, NULL);
-  const int flash1 = pb->params->algorithm == FA_ALGO_FLASH1;
 #pragma omp parallel for num_threads(s.nt) schedule(dynamic, 1)
   for (int64_t w = 0; w < s.units; w++) {
     /* last chunks first: under a causal mask they see the most keys */
@@ -226,10 +231,7 @@ fa_status fa_cpu_forward(const fa_problem *pb) {
     if (r0 >= r1) continue;
     fwd_bufs b;
     fwd_layout(&c, &s, (char *)pb->workspace + (size_t)omp_get_thread_num() * slice, &b);
-    if (flash1)
-      fwd_flash1(&c, &u, &b, r0, r1);
-    else
-      fwd_flash2(&c, &u, &b, r0, r1);
+    fwd_chunk(&c, &u, &b, r0, r1);
   }
   return FA_OK;
 }

@@ -146,14 +146,12 @@ static void SFX(gemm)(const fa_gemm *g) {
         const int64_t a0 = g->klo[i0 + r], b1 = g->khi[i0 + r];
         const int64_t a1 = b1 < lo ? b1 : lo, b0 = a0 > hi ? a0 : hi;
         const float *ar = ap + r * g->rsa;
-        if (a0 < a1)
-          SFX(ukrs)
-          [nv][1](a1 - a0, ar + a0 * g->csa, 0, g->csa, bp + a0 * g->ldb, g->ldb, cp + r * g->ldc,
-                  g->ldc, g->alpha, 1, NULL);
-        if (b0 < b1)
-          SFX(ukrs)
-          [nv][1](b1 - b0, ar + b0 * g->csa, 0, g->csa, bp + b0 * g->ldb, g->ldb, cp + r * g->ldc,
-                  g->ldc, g->alpha, 1, NULL);
+        if (a0 < a1) SFX(ukrs)
+        [nv][1](a1 - a0, ar + a0 * g->csa, 0, g->csa, bp + a0 * g->ldb, g->ldb, cp + r * g->ldc,
+                g->ldc, g->alpha, 1, NULL);
+        if (b0 < b1) SFX(ukrs)
+        [nv][1](b1 - b0, ar + b0 * g->csa, 0, g->csa, bp + b0 * g->ldb, g->ldb, cp + r * g->ldc,
+                g->ldc, g->alpha, 1, NULL);
       }
     }
   }
@@ -325,7 +323,9 @@ static inline vf SFX(load8)(const void *src, int64_t i, fa_dtype dt) {
 static inline void SFX(load_row)(float *dst, int bw, int64_t dps, const void *src, fa_dtype dt,
                                  int64_t d) {
   int64_t c = 0;
-  for (; c + FA_VL <= d; c += FA_VL) vf_store(dst + c / bw * dps + c % bw, SFX(load8)(src, c, dt));
+  for (float *o = dst; c + FA_VL <= d; o += dps - bw) /* panel by panel: no division */
+    for (int q = 0; q < bw && c + FA_VL <= d; q += FA_VL, c += FA_VL, o += FA_VL)
+      vf_store(o, SFX(load8)(src, c, dt));
   if (c < d) {
     float t[FA_VL] = {0};
     fa_load_row_f32(t, (const char *)src + c * (int64_t)fa_dtype_size(dt), dt, d - c);

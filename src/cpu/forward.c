@@ -89,29 +89,28 @@ static size_t fwd_layout(const cpu_ctx *c, const fwd_sched *s, char *base, fwd_b
   return cv.off;
 }
 
-/* Keys [c0, c0+nc) of the unit's K/V head: K as rows, V in panels. */
-static void fwd_load_kv(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t c0, int64_t nc) {
+/* Keys [c0, c0+nc) of the unit's K/V head: K as rows, V in panels. Row j's
+ * load first asks for row j of the next tile (up to key khi): K/V rows lie a
+ * head-stride apart, too far for the hardware prefetcher, and prefetches
+ * spread over the loads keep memory busy without a burst that the miss
+ * queues would drop (decode, with little work per tile, is all loads). */
+static void fwd_load_kv(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t c0, int64_t nc,
+                        int64_t khi) {
   const fa_problem *pb = c->pb;
   const int vbw = cpu_dbw(c);
-  const int64_t n0 = u->sq.k0 + c0;
-  c->kn->load_panels(b->K, (int)c->Dp, 0, cpu_row(c, &pb->k, u->sq.kb, n0, u->hk),
-                     pb->k.stride_seq * (int64_t)c->esize, pb->dtype, nc, c->D);
-  c->kn->load_panels(b->V, vbw, c->bc * vbw, cpu_row(c, &pb->v, u->sq.kb, n0, u->hk),
-                     pb->v.stride_seq * (int64_t)c->esize, pb->dtype, nc, c->D);
-}
-
-/* Asks for keys [c0, c0+nc) of K and V ahead of their load: their rows lie
- * a head-stride apart, too far for the hardware prefetcher to follow. */
-static void fwd_prefetch_kv(const cpu_ctx *c, const cpu_unit *u, int64_t c0, int64_t nc) {
-  const fa_problem *pb = c->pb;
+  const int64_t ks = pb->k.stride_seq * (int64_t)c->esize,
+                vs = pb->v.stride_seq * (int64_t)c->esize;
   const int64_t bytes = c->D * (int64_t)c->esize;
+  const char *k = cpu_row(c, &pb->k, u->sq.kb, u->sq.k0 + c0, u->hk);
+  const char *v = cpu_row(c, &pb->v, u->sq.kb, u->sq.k0 + c0, u->hk);
   for (int64_t j = 0; j < nc; j++) {
-    const char *k = cpu_row(c, &pb->k, u->sq.kb, u->sq.k0 + c0 + j, u->hk);
-    const char *v = cpu_row(c, &pb->v, u->sq.kb, u->sq.k0 + c0 + j, u->hk);
-    for (int64_t o = 0; o < bytes; o += 64) {
-      __builtin_prefetch(k + o);
-      __builtin_prefetch(v + o);
-    }
+    if (c0 + c->bc + j < khi)
+      for (int64_t o = 0; o < bytes; o += 64) {
+        __builtin_prefetch(k + (c->bc + j) * ks + o);
+        __builtin_prefetch(v + (c->bc + j) * vs + o);
+      }
+    c->kn->load_panels(b->K + j * c->Dp, (int)c->Dp, 0, k + j * ks, ks, pb->dtype, 1, c->D);
+    c->kn->load_panels(b->V + j * vbw, vbw, c->bc * vbw, v + j * vs, vs, pb->dtype, 1, c->D);
   }
 }
 
@@ -191,8 +190,7 @@ static void fwd_chunk(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t 
   if (!flash1 && klo < khi) fwd_load_q(c, u, b, q0, q1 - q0);
   for (int64_t c0 = klo / bc * bc; c0 < khi; c0 += bc) {
     const int64_t nc = cpu_min(bc, khi - c0);
-    fwd_load_kv(c, u, b, c0, nc);
-    if (c0 + bc < khi) fwd_prefetch_kv(c, u, c0 + bc, cpu_min(bc, khi - c0 - bc));
+    fwd_load_kv(c, u, b, c0, nc, khi);
     for (int64_t r0 = q0; r0 < q1; r0 += br) {
       const int64_t nr = cpu_min(br, q1 - r0), i = r0 - q0;
       int64_t lo, hi;

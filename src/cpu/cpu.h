@@ -138,28 +138,31 @@ static inline int cpu_tile_partial(const fa_mask *mk, int64_t r0, int64_t nr, in
   return lo_last > c0 || hi_first < c0 + nc;
 }
 
-/* Per query row i < nr of a tile: its visible keys [lo, hi) relative to c0,
- * clipped to [0, nc). */
-static inline void cpu_mask_ranges(const fa_mask *mk, int32_t *lo, int32_t *hi, int64_t r0,
-                                   int64_t nr, int64_t c0, int64_t nc) {
-  for (int64_t i = 0; i < nr; i++) {
+/* For t < n: what index t0 + t of one side sees of the other, [lo, hi)
+ * relative to o0 and clipped to [0, m) (range: fa_mask_row_range or
+ * fa_mask_col_range). */
+static inline void cpu_mask_spans(const fa_mask *mk,
+                                  void (*range)(const fa_mask *, int64_t, int64_t *, int64_t *),
+                                  int32_t *lo, int32_t *hi, int64_t t0, int64_t n, int64_t o0,
+                                  int64_t m) {
+  for (int64_t t = 0; t < n; t++) {
     int64_t a, b;
-    fa_mask_row_range(mk, r0 + i, &a, &b);
-    lo[i] = (int32_t)cpu_min(nc, cpu_max(0, a - c0));
-    hi[i] = (int32_t)cpu_max(lo[i], cpu_min(nc, b - c0));
+    range(mk, t0 + t, &a, &b);
+    lo[t] = (int32_t)cpu_min(m, cpu_max(0, a - o0));
+    hi[t] = (int32_t)cpu_max(lo[t], cpu_min(m, b - o0));
   }
 }
 
-/* Per key j < nc of a tile: the query rows [lo, hi) that see it, relative to
- * r0, clipped to [0, nr). */
+/* Per query row i < nr of a tile: its visible keys relative to c0 in [0, nc). */
+static inline void cpu_mask_ranges(const fa_mask *mk, int32_t *lo, int32_t *hi, int64_t r0,
+                                   int64_t nr, int64_t c0, int64_t nc) {
+  cpu_mask_spans(mk, fa_mask_row_range, lo, hi, r0, nr, c0, nc);
+}
+
+/* Per key j < nc of a tile: the query rows that see it, relative to r0 in [0, nr). */
 static inline void cpu_mask_cols(const fa_mask *mk, int32_t *lo, int32_t *hi, int64_t r0,
                                  int64_t nr, int64_t c0, int64_t nc) {
-  for (int64_t j = 0; j < nc; j++) {
-    int64_t a, b;
-    fa_mask_col_range(mk, c0 + j, &a, &b);
-    lo[j] = (int32_t)cpu_min(nr, cpu_max(0, a - r0));
-    hi[j] = (int32_t)cpu_max(lo[j], cpu_min(nr, b - r0));
-  }
+  cpu_mask_spans(mk, fa_mask_col_range, lo, hi, c0, nc, r0, nr);
 }
 
 /* Row t < n of S (ld lds, m entries) = -inf outside [lo[t], hi[t]). */

@@ -28,6 +28,7 @@
 #include "backend.h"
 #include "common/mask.h"
 #include "forward_kernel.cuh"
+#include "layout.cuh"
 
 namespace {
 
@@ -48,73 +49,24 @@ fa_status cuda_error(cudaError_t e) {
       return fa_set_error(FA_ERR_DEVICE, "cublas: %s (%s)", cublasGetStatusString(s_), #expr); \
   } while (0)
 
-bool is_flash(const fa_problem *pb) { return pb->params->algorithm != FA_ALGO_STANDARD; }
-
-/* The flash kernels read and write 16-byte rows. */
-bool rows_aligned(const fa_tensor *t) {
-  if ((uintptr_t)t->data % 16) return false;
-  if (t->batch > 1 && t->stride_batch % 8) return false;
-  if (t->seqlen > 1 && t->stride_seq % 8) return false;
-  if (t->heads > 1 && t->stride_head % 8) return false;
-  return true;
-}
-
-int padded_headdim(int64_t d) {
-  return d <= 32 ? 32 : d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : d <= 192 ? 192 : 256;
-}
+using fa::is_flash;
+using fa::padded_headdim;
+using fa::rows_aligned;
 
 /* ---- FlashAttention-2 ------------------------------------------------------ */
 
 template <typename T>
 fa_status flash_dispatch(const fa::FwdArgs &a, cudaStream_t s) {
-  switch (padded_headdim(a.d)) {
-    case 32:
-      return fa::flash_fwd_launch<T, 32>(a, s);
-    case 64:
-      return fa::flash_fwd_launch<T, 64>(a, s);
-    case 96:
-      return fa::flash_fwd_launch<T, 96>(a, s);
-    case 128:
-      return fa::flash_fwd_launch<T, 128>(a, s);
-    case 192:
-      return fa::flash_fwd_launch<T, 192>(a, s);
-    default:
-      return fa::flash_fwd_launch<T, 256>(a, s);
-  }
+  return fa::dispatch_headdim(a.d, [&](auto dp) { return fa::flash_fwd_launch<T, decltype(dp)::value>(a, s); });
 }
 
 fa_status flash_forward(const fa_problem *pb) {
   const fa_params *pr = pb->params;
   fa::FwdArgs a;
-  a.q = pb->q.data;
-  a.k = pb->k.data;
-  a.v = pb->v.data;
   a.o = pb->o.data;
   a.lse = pb->lse;
-  a.q_sb = pb->q.stride_batch, a.q_ss = pb->q.stride_seq, a.q_sh = pb->q.stride_head;
-  a.k_sb = pb->k.stride_batch, a.k_ss = pb->k.stride_seq, a.k_sh = pb->k.stride_head;
-  a.v_sb = pb->v.stride_batch, a.v_ss = pb->v.stride_seq, a.v_sh = pb->v.stride_head;
   a.o_sb = pb->o.stride_batch, a.o_ss = pb->o.stride_seq, a.o_sh = pb->o.stride_head;
-  a.nq = (int)pb->q.seqlen;
-  a.nk = (int)pb->k.seqlen;
-  a.batch = (int)pb->batch;
-  a.heads_q = (int)pb->heads_q;
-  a.group = (int)pb->group;
-  a.d = (int)pb->headdim;
-  a.max_seqlen_q = (int)pb->max_seqlen_q;
-  a.total_q = pb->total_q;
-  const float log2e = 1.4426950408889634f;
-  a.scale_log2 = pb->scale * log2e;
-  a.cap_log2 = pr->softcap > 0 ? pr->softcap * log2e : 0.f;
-  a.scale_over_cap = pr->softcap > 0 ? pb->scale / pr->softcap : 0.f;
-  a.alibi = pr->alibi_slopes;
-  a.alibi_sb = pr->alibi_stride_batch;
-  a.cu_q = pb->varlen ? pr->cu_seqlens_q : NULL;
-  a.cu_k = pb->varlen ? pr->cu_seqlens_k : NULL;
-  a.causal = pr->causal;
-  a.window_enabled = pr->window_enabled;
-  a.window_left = pr->window_left;
-  a.window_right = pr->window_right;
+  fa::fill_common_args(a, pb);
   cudaStream_t s = (cudaStream_t)pr->stream;
   return pb->dtype == FA_DTYPE_F16 ? flash_dispatch<__half>(a, s)
                                    : flash_dispatch<__nv_bfloat16>(a, s);
@@ -319,9 +271,10 @@ int fa_cuda_available(void) {
 
 fa_status fa_cuda_check(const fa_problem *pb, fa_pass pass) {
   const fa_params *pr = pb->params;
-  if (pass != FA_PASS_FORWARD)
+  if (pass != FA_PASS_FORWARD && !is_flash(pb))
     return fa_set_error(FA_ERR_UNSUPPORTED,
-                        "cuda: the backward pass is not implemented on CUDA yet");
+                        "cuda: the backward pass of FA_ALGO_STANDARD is not implemented on CUDA "
+                        "(FA_ALGO_FLASH2 is)");
   if (pb->dtype != FA_DTYPE_F16 && pb->dtype != FA_DTYPE_BF16)
     return fa_set_error(FA_ERR_UNSUPPORTED,
                         "cuda: only f16 and bf16 storage are supported on CUDA");
@@ -361,11 +314,6 @@ size_t fa_cuda_forward_workspace(const fa_problem *pb) {
   return is_flash(pb) ? 0 : std_workspace(pb);
 }
 
-size_t fa_cuda_backward_workspace(const fa_problem *pb) {
-  (void)pb;
-  return 0;
-}
-
 fa_status fa_cuda_forward(const fa_problem *pb) {
   /* o is checked here rather than in fa_cuda_check, which runs before o is known */
   if (is_flash(pb) && !rows_aligned(&pb->o))
@@ -377,11 +325,6 @@ fa_status fa_cuda_forward(const fa_problem *pb) {
     return fa_set_error(FA_ERR_UNSUPPORTED,
                         "cuda: standard attention needs seqlen strides in [headdim, 2^31)");
   return is_flash(pb) ? flash_forward(pb) : std_forward(pb);
-}
-
-fa_status fa_cuda_backward(const fa_problem *pb) {
-  (void)pb;
-  return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: the backward pass is not implemented on CUDA yet");
 }
 
 fa_status fa_cuda_alloc(void **ptr, size_t bytes, void *stream) {

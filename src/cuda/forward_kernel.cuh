@@ -27,12 +27,10 @@
 
 namespace fa {
 
-/* Everything a launch needs, by value (strides in elements). */
-struct FwdArgs {
+/* What the forward and backward launches share, by value (strides in elements). */
+struct AttnArgs {
   const void *q, *k, *v;
-  void *o;
-  float *lse;
-  int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh;
+  int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh;
   int nq, nk; /* per-sequence lengths when not varlen */
   int batch, heads_q, group, d;
   int max_seqlen_q;     /* grid size along queries */
@@ -45,6 +43,13 @@ struct FwdArgs {
   const int32_t *cu_q, *cu_k;
   int causal, window_enabled;
   int64_t window_left, window_right;
+};
+
+/* The forward's launch arguments. */
+struct FwdArgs : AttnArgs {
+  void *o;
+  float *lse;
+  int64_t o_sb, o_ss, o_sh;
 };
 
 /* Tile shapes per (padded) head dim: MT m-tiles of 16 rows per warp, NW warps,
@@ -159,12 +164,13 @@ struct FwdTraits<256> {
   static constexpr bool QREG = FA_FWD256_QREG;
 };
 
-/* Where one sequence's rows live (varlen: from the device-side offsets). */
+/* Where one sequence's rows live (varlen: from the device-side offsets).
+ */
 struct SeqView {
   int64_t qb, q0, kb, k0, lse0, lse_hs;
   int nq, nk;
 };
-__device__ __forceinline__ SeqView seq_view(const FwdArgs &p, int b) {
+__device__ __forceinline__ SeqView seq_view(const AttnArgs &p, int b) {
   SeqView v;
   if (p.cu_q) {
     const int q0 = p.cu_q[b], k0 = p.cu_k[b];
@@ -213,9 +219,31 @@ __device__ __forceinline__ void load_tile(T *s, const T *g, int64_t stride, int 
   }
 }
 
+/* Shared memory (row stride D + 8) -> ROWS x d tile of a strided tensor,
+ * 16-byte stores; rows >= valid_rows and columns >= d are not written. */
+template <typename T, int ROWS, int D, int NT>
+__device__ __forceinline__ void store_tile(T *g, int64_t stride, const T *s, int valid_rows, int d,
+                                           int tid) {
+  constexpr int CPR = D / 8, LD = D + 8;
+#pragma unroll
+  for (int it = 0; it < (ROWS * CPR + NT - 1) / NT; ++it) {
+    const int idx = tid + it * NT;
+    const int row = idx / CPR, ch = idx % CPR;
+    if ((ROWS * CPR % NT == 0 || idx < ROWS * CPR) && row < valid_rows && ch * 8 < d) {
+      const T *src = s + row * LD + ch * 8;
+      T *dst = g + row * stride + ch * 8;
+      if (ch * 8 + 8 <= d) {
+        *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+      } else {
+        for (int e = 0; e < d - ch * 8; ++e) dst[e] = src[e];
+      }
+    }
+  }
+}
+
 template <typename T, int D, int MT, int NW, int BC, bool QREG, bool XF>
 __global__ void __launch_bounds__(NW * 32) flash_fwd_kernel(const FwdArgs p) {
-  constexpr int BR = 16 * MT * NW, NT = NW * 32, LD = D + 8, CPR = D / 8;
+  constexpr int BR = 16 * MT * NW, NT = NW * 32, LD = D + 8;
   constexpr float LOG2E = 1.4426950408889634f;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *sQ = reinterpret_cast<T *>(smem_raw);
@@ -282,12 +310,7 @@ __global__ void __launch_bounds__(NW * 32) flash_fwd_kernel(const FwdArgs p) {
   }
 
   float acc_o[MT][D / 8][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] = 0.f;
+  zero_tiles(acc_o);
 
   /* Per-row state: running max (units of the score as held), partial sum. */
   float m_run[MT][2], l_run[MT][2];
@@ -314,12 +337,7 @@ __global__ void __launch_bounds__(NW * 32) flash_fwd_kernel(const FwdArgs p) {
     cp_async_commit();
 
     float acc_s[MT][BC / 8][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+    zero_tiles(acc_s);
 
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -406,12 +424,7 @@ __global__ void __launch_bounds__(NW * 32) flash_fwd_kernel(const FwdArgs p) {
     for (int kk = 0; kk < BC / 16; ++kk) {
       uint32_t a[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        a[mt][0] = pack2<T>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
-        a[mt][1] = pack2<T>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
-        a[mt][2] = pack2<T>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
-        a[mt][3] = pack2<T>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
-      }
+      for (int mt = 0; mt < MT; ++mt) c_to_a<T>(a[mt], acc_s[mt][2 * kk], acc_s[mt][2 * kk + 1]);
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t bv[4];
@@ -454,21 +467,8 @@ __global__ void __launch_bounds__(NW * 32) flash_fwd_kernel(const FwdArgs p) {
             pack2<T>(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
     }
   __syncthreads();
-  T *gO = (T *)p.o + so.qb * p.o_sb + (so.q0 + ro) * p.o_ss + ho * p.o_sh;
-#pragma unroll
-  for (int it = 0; it < (BR * CPR + NT - 1) / NT; ++it) {
-    const int idx = tid + it * NT;
-    const int row = idx / CPR, ch = idx % CPR;
-    if ((BR * CPR % NT == 0 || idx < BR * CPR) && row < rows_o && ch * 8 < p.d) {
-      const T *src = sQ + row * LD + ch * 8;
-      T *dst = gO + row * p.o_ss + ch * 8;
-      if (ch * 8 + 8 <= p.d) {
-        *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
-      } else {
-        for (int e = 0; e < p.d - ch * 8; ++e) dst[e] = src[e];
-      }
-    }
-  }
+  store_tile<T, BR, D, NT>((T *)p.o + so.qb * p.o_sb + (so.q0 + ro) * p.o_ss + ho * p.o_sh, p.o_ss,
+                           sQ, rows_o, p.d, tid);
 }
 
 /* Launches the kernel for padded head dim D; sets its shared-memory limit on

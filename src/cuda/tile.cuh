@@ -78,6 +78,49 @@ __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float x, float y) {
   return *reinterpret_cast<uint32_t *>(&h);
 }
 
+/* Zeroes M x N accumulator tiles. */
+template <int M, int N>
+__device__ __forceinline__ void zero_tiles(float (&c)[M][N][4]) {
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[m][n][e] = 0.f;
+}
+
+/* Two float32 C tiles (n-tiles 2kk and 2kk + 1 of one 16-row m-tile) -> the
+ * A fragment of the 16x16 k-slice kk (C layout == A layout, rounded to T). */
+template <typename T>
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  a[0] = pack2<T>(c0[0], c0[1]);
+  a[1] = pack2<T>(c0[2], c0[3]);
+  a[2] = pack2<T>(c1[0], c1[1]);
+  a[3] = pack2<T>(c1[2], c1[3]);
+}
+
+/* One register of two T -> two floats (x from the low half). */
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t r);
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(uint32_t r) {
+  return __half22float2(*reinterpret_cast<const __half2 *>(&r));
+}
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t r) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&r));
+}
+
+/* dst[0..1] += (x, y) atomically (one vector reduction on sm_90). */
+__device__ __forceinline__ void atomic_add2(float *dst, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(x, y));
+#else
+  atomicAdd(dst, x);
+  atomicAdd(dst + 1, y);
+#endif
+}
+
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));

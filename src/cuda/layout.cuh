@@ -1,0 +1,80 @@
+/* Layout rules shared by the forward and backward launch code. */
+#ifndef FA_CUDA_LAYOUT_CUH
+#define FA_CUDA_LAYOUT_CUH
+
+#include <type_traits>
+
+#include "common/problem.h"
+#include "forward_kernel.cuh"
+
+namespace fa {
+
+/* The flash kernels read and write 16-byte rows. */
+inline bool rows_aligned(const fa_tensor *t) {
+  if ((uintptr_t)t->data % 16) return false;
+  if (t->batch > 1 && t->stride_batch % 8) return false;
+  if (t->seqlen > 1 && t->stride_seq % 8) return false;
+  if (t->heads > 1 && t->stride_head % 8) return false;
+  return true;
+}
+
+/* Head dims run the kernel of the next size, extra columns zero-filled. */
+inline int padded_headdim(int64_t d) {
+  return d <= 32 ? 32 : d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : d <= 192 ? 192 : 256;
+}
+
+inline bool is_flash(const fa_problem *pb) { return pb->params->algorithm != FA_ALGO_STANDARD; }
+
+/* The fields FwdArgs and BwdArgs share: inputs, sizes, score transform, masks, varlen. */
+inline void fill_common_args(AttnArgs &a, const fa_problem *pb) {
+  const fa_params *pr = pb->params;
+  a.q = pb->q.data;
+  a.k = pb->k.data;
+  a.v = pb->v.data;
+  a.q_sb = pb->q.stride_batch, a.q_ss = pb->q.stride_seq, a.q_sh = pb->q.stride_head;
+  a.k_sb = pb->k.stride_batch, a.k_ss = pb->k.stride_seq, a.k_sh = pb->k.stride_head;
+  a.v_sb = pb->v.stride_batch, a.v_ss = pb->v.stride_seq, a.v_sh = pb->v.stride_head;
+  a.nq = (int)pb->q.seqlen;
+  a.nk = (int)pb->k.seqlen;
+  a.batch = (int)pb->batch;
+  a.heads_q = (int)pb->heads_q;
+  a.group = (int)pb->group;
+  a.d = (int)pb->headdim;
+  a.max_seqlen_q = (int)pb->max_seqlen_q;
+  a.total_q = pb->total_q;
+  const float log2e = 1.4426950408889634f;
+  a.scale_log2 = pb->scale * log2e;
+  a.cap_log2 = pr->softcap > 0 ? pr->softcap * log2e : 0.f;
+  a.scale_over_cap = pr->softcap > 0 ? pb->scale / pr->softcap : 0.f;
+  a.alibi = pr->alibi_slopes;
+  a.alibi_sb = pr->alibi_stride_batch;
+  a.cu_q = pb->varlen ? pr->cu_seqlens_q : NULL;
+  a.cu_k = pb->varlen ? pr->cu_seqlens_k : NULL;
+  a.causal = pr->causal;
+  a.window_enabled = pr->window_enabled;
+  a.window_left = pr->window_left;
+  a.window_right = pr->window_right;
+}
+
+/* Calls f(std::integral_constant<int, Dp>()) for the padded head dim Dp of d. */
+template <class F>
+fa_status dispatch_headdim(int64_t d, F &&f) {
+  switch (padded_headdim(d)) {
+    case 32:
+      return f(std::integral_constant<int, 32>());
+    case 64:
+      return f(std::integral_constant<int, 64>());
+    case 96:
+      return f(std::integral_constant<int, 96>());
+    case 128:
+      return f(std::integral_constant<int, 128>());
+    case 192:
+      return f(std::integral_constant<int, 192>());
+    default:
+      return f(std::integral_constant<int, 256>());
+  }
+}
+
+}  // namespace fa
+
+#endif

@@ -1,22 +1,31 @@
 #!/usr/bin/env bash
 # The GPU machine's one check: builds the CUDA backend (sm_90, shared library,
-# into build-gpu), runs test_cuda against the float64 CPU oracle, runs
-# compute-sanitizer memcheck and racecheck on test_cuda --small, then the
-# forward benchmark against PyTorch SDPA (tools/bench_sdpa.py), table last.
-# Logs and JSON go to $OUT (the device tool's output folder) or build-gpu/out.
+# into build-gpu), runs test_cuda (forward and backward) against the float64
+# CPU oracle, runs compute-sanitizer memcheck and racecheck on test_cuda
+# --small, then the benchmark against PyTorch SDPA (tools/bench_sdpa.py), table
+# last. Logs and JSON go to $OUT (the device tool's output folder) or
+# build-gpu/out.
 # Usage: tools/gpu-check.sh [--no-test] [--no-sanitize] [--no-bench] [--quick-bench]
+#          [--fwd-only | --bwd-only] [--no-mem] [--tune NAME=FLAGS]...
+#   --tune NAME=FLAGS: also build the library with CMAKE_CUDA_FLAGS=FLAGS (e.g.
+#   "b128=-DFA_BWD128_BR=64 -DFA_BWD128_NW=8") into build-gpu-NAME and time
+#   only ours with it (same grid), before the main benchmark.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/build-gpu/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-run_test=1 run_san=1 run_bench=1 bench_args=()
+run_test=1 run_san=1 run_bench=1 bench_args=() tunes=()
 for a in "$@"; do
   case "$a" in
     --no-test) run_test=0 ;;
     --no-sanitize) run_san=0 ;;
     --no-bench) run_bench=0 ;;
     --quick-bench) bench_args+=(--quick) ;;
+    --fwd-only) bench_args+=(--pass fwd) ;;
+    --bwd-only) bench_args+=(--pass bwd) ;;
+    --no-mem) bench_args+=(--no-mem) ;;
+    --tune=*) tunes+=("${a#--tune=}") ;;
     *) echo "unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -25,20 +34,23 @@ t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-stamp "build (sm_90, Release, shared)"
 # the C test suite and flashattn-bench only when their sources are there
 tests=ON; ls tests/*.c >/dev/null 2>&1 || tests=OFF
 bench=ON; ls bench/*.c >/dev/null 2>&1 || bench=OFF
-if ! { cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
-         -DFLASHATTN_CUDA_ARCHS=90 -DBUILD_SHARED_LIBS=ON -DFLASHATTN_TESTS=$tests \
-         -DFLASHATTN_BENCH=$bench && cmake --build build-gpu -j"$(nproc)"; } >"$OUT/build.log" 2>&1; then
+build() { # dir, extra CUDA flags
+  cmake -S . -B "$1" -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_CUDA_ARCHS=90 \
+    -DBUILD_SHARED_LIBS=ON -DFLASHATTN_TESTS=$tests -DFLASHATTN_BENCH=$bench \
+    "-DCMAKE_CUDA_FLAGS=$2" && cmake --build "$1" -j"$(nproc)" ${3:+--target $3}
+}
+stamp "build (sm_90, Release, shared)"
+if ! build build-gpu "" >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"
   exit 1
 fi
 
 if [ $run_test = 1 ]; then
   stamp "test_cuda"
-  ./build-gpu/bin/test_cuda >"$OUT/test_cuda.log" 2>&1 || status=1
+  ./build-gpu/bin/test_cuda -v >"$OUT/test_cuda.log" 2>&1 || status=1
   grep -E "^FAIL|passed" "$OUT/test_cuda.log" | tail -30
 fi
 
@@ -50,6 +62,18 @@ if [ $run_san = 1 ]; then
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|^FAIL|Error" "$OUT/$tool.log" | tail -5
   done
 fi
+
+for t in "${tunes[@]}"; do
+  name=${t%%=*} flags=${t#*=}
+  stamp "tune $name: $flags"
+  if build "build-gpu-$name" "$flags" flashattn >"$OUT/build-$name.log" 2>&1; then
+    lib=$(ls build-gpu-$name/libflashattn.so* 2>/dev/null | head -1)
+    python3 tools/bench_sdpa.py --lib "$lib" --only-ours "${bench_args[@]}" 2>/dev/null |
+      tee "$OUT/tune-$name.txt"
+  else
+    grep -E "error|spill" "$OUT/build-$name.log" | head -5
+  fi
+done
 
 if [ $run_bench = 1 ]; then
   stamp "bench_sdpa"

@@ -104,7 +104,8 @@ log "peak (flashattn-bench --peak-only)"
 for entry in "${SHAPES[@]}"; do
   read -r -a shape <<< "${entry%|*}"
   dtype=${entry#*|}
-  log "${shape[*]}"
+  log "${shape[*]} (load average $(cut -d' ' -f1 /proc/loadavg))"
+  echo "{\"record\":\"load\",\"shape\":\"${shape[*]}\",\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}" >> "$OUTFILE"
   "$FA_BENCH" --batch 1 --impl flash2,standard --pass fwd --dtype "$dtype" --json "${shape[@]}" "${COMMON[@]}" \
     | grep '"record":"case"' | tee -a "$OUTFILE" >&2
   "$GGML_BENCH" "${shape[@]}" "${COMMON[@]}" | tee -a "$OUTFILE" >&2
@@ -117,6 +118,10 @@ for entry in "${SHAPES[@]}"; do
     "$GGML_BENCH" "${shape[@]}" "${one[@]}" | tee -a "$OUTFILE" >&2
   fi
 done
+# the peak again: a lower number here means something else ran on the machine meanwhile
+log "peak again"
+"$FA_BENCH" --peak-only --json --threads "$THREADS" | sed 's/"record":"peak"/"record":"peak_end"/' \
+  | tee -a "$OUTFILE" >&2
 echo "{\"record\":\"end\",\"seconds\":$(( $(date +%s) - start )),\"loadavg_end\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}" >> "$OUTFILE"
 log "done in $(( $(date +%s) - start )) s; JSON lines in $OUTFILE"
 

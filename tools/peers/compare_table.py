@@ -28,7 +28,7 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args(argv)
 
-    peak, run, cases = None, {}, []
+    peak, peak_end, run, cases, loads = None, None, {}, [], []
     with open(a.jsonl) as f:
         for line in f:
             line = line.strip()
@@ -37,6 +37,10 @@ def main(argv=None):
             r = json.loads(line)
             if r.get("record") == "peak":
                 peak = r
+            elif r.get("record") == "peak_end":
+                peak_end = r
+            elif r.get("record") == "load":
+                loads.append(float(r["loadavg"].split()[0]))
             elif r.get("record") in ("run", "end"):
                 run.update(r)
             elif r.get("record") == "case":
@@ -60,7 +64,9 @@ def main(argv=None):
     bw = peak["dram_read_gbps"] if peak else None
     if peak:
         print(f"Measured in the same run: float32 FMA peak {pk:.1f} GFLOP/s ({peak['isa']}, "
-              f"{peak['threads']} threads), DRAM read {bw:.1f} GB/s.")
+              f"{peak['threads']} threads), DRAM read {bw:.1f} GB/s"
+              + (f"; at the end of the run {peak_end['fma_gflops']:.1f} GFLOP/s and "
+                 f"{peak_end['dram_read_gbps']:.1f} GB/s." if peak_end else "."))
         print()
     scaling = any(t == 1 and T != 1 for v in by.values() for (_, t) in v)
 
@@ -114,7 +120,9 @@ def main(argv=None):
         print()
         print(f"Run: HEAD {run.get('commit')}, {run.get('date')}, {run.get('seconds')} s, "
               f"load average {run.get('loadavg_start')} at the start, {run.get('loadavg_end')} "
-              f"at the end.")
+              f"at the end"
+              + (f", 1-minute load average {min(loads):.2f}–{max(loads):.2f} at the shapes' "
+                 f"starts." if loads else "."))
     return 0
 
 

@@ -327,15 +327,14 @@ MUT(softcap_inf, s->p.softcap = INFINITY)
 MUT(scale_nan, s->p.softmax_scale = NAN)
 MUT(scale_inf, s->p.softmax_scale = INFINITY)
 MUT(scale_neg_inf, s->p.softmax_scale = -INFINITY)
-MUT(dropout_positive, s->p.dropout_p = 0.1f)
 MUT(dropout_negative, s->p.dropout_p = -0.5f)
 MUT(dropout_nan, s->p.dropout_p = NAN)
 MUT(dropout_above_one, s->p.dropout_p = 1.5f)
-MUT(block_mask, {
+MUT(block_mask_size0, {
   static const uint8_t mask[64] = {1};
   s->p.block_mask = mask;
   s->p.block_size_q = 64;
-  s->p.block_size_k = 64;
+  s->p.block_size_k = 0;
 })
 MUT(device_cuda, s->p.device = FA_DEVICE_CUDA)
 MUT(device_invalid, s->p.device = (fa_device)7)
@@ -501,11 +500,10 @@ static const vcase k_cases[] = {
     {"scale-nan", mut_scale_nan, CALL, FA_ERR_INVALID_ARGUMENT, 0, "scale"},
     {"scale-inf", mut_scale_inf, CALL, FA_ERR_INVALID_ARGUMENT, 0, "scale"},
     {"scale-neg-inf", mut_scale_neg_inf, CALL, FA_ERR_INVALID_ARGUMENT, 0, "scale"},
-    {"dropout-positive", mut_dropout_positive, CALL, FA_ERR_UNSUPPORTED, 0, "dropout"},
     {"dropout-negative", mut_dropout_negative, CALL, FA_ERR_INVALID_ARGUMENT, 0, "dropout"},
     {"dropout-nan", mut_dropout_nan, CALL, FA_ERR_INVALID_ARGUMENT, 0, "dropout"},
     {"dropout-above-one", mut_dropout_above_one, CALL, FA_ERR_INVALID_ARGUMENT, 0, "dropout"},
-    {"block-mask", mut_block_mask, CALL, FA_ERR_UNSUPPORTED, 0, "block"},
+    {"block-mask-size-0", mut_block_mask_size0, CALL, FA_ERR_INVALID_ARGUMENT, 0, "block_size"},
     {"device-cuda", mut_device_cuda, CALL, FA_ERR_UNSUPPORTED, 0, "cuda|device"},
     {"device-invalid", mut_device_invalid, CALL, FA_ERR_INVALID_ARGUMENT, 0, "device"},
     {"algorithm-invalid", mut_algorithm_invalid, CALL, FA_ERR_INVALID_ARGUMENT, 0, "algorithm"},
@@ -832,7 +830,7 @@ static void *thread_body(void *p) {
   snprintf(t->seen_before, sizeof t->seen_before, "%s", m ? m : "(null)");
   fa_params pr;
   memset(&pr, 0, sizeof pr);
-  pr.dropout_p = 0.5f;
+  pr.dropout_p = 1.5f; /* invalid: this thread's own message names dropout */
   float buf[16] = {0};
   fa_tensor q = fa_tensor_bnhd(buf, FA_DTYPE_F32, 1, 2, 1, 8);
   size_t bytes;

@@ -11,7 +11,7 @@ flashattn.numpy for the backward):
 Extra keyword-only options: algorithm="flash2" | "flash1" | "standard" (the last also
 takes float64 on the CPU: the oracle, and what torch.autograd.gradcheck runs through),
 and block_mask/block_size (block-sparse attention; like dropout, implemented by
-algorithm="standard" on the CPU so far, docs/DROPOUT.md).
+every algorithm on the CPU so far, docs/DROPOUT.md).
 """
 from . import _core, _lib
 from ._lib import (Algorithm, DType, Device, FlashAttnError, Status, device_available,

@@ -16,12 +16,12 @@ def _qkv(shape=(1, 8, 2, 16), dtype=torch.float32):
 def test_error_class_and_status():
     assert issubclass(flashattn.FlashAttnError, RuntimeError)
     q, k, v = _qkv()
-    with pytest.raises(flashattn.FlashAttnError) as e:
-        flashattn.flash_attn_func(q, k, v, dropout_p=0.1)
+    with pytest.raises(flashattn.FlashAttnError) as e:  # flash2 has no float64 kernels
+        flashattn.flash_attn_func(q.double(), k.double(), v.double())
     err = e.value
     assert err.status == flashattn.Status.ERR_UNSUPPORTED
     assert err.status_name == "FA_ERR_UNSUPPORTED"
-    assert "dropout" in err.message and err.message in str(err)
+    assert "f64" in err.message and err.message in str(err)
     assert err.function == "fa_forward"
 
 
@@ -32,12 +32,13 @@ def test_c_validation_message_surfaces():
     assert e.value.status == flashattn.Status.ERR_INVALID_ARGUMENT
 
 
-def test_block_mask_is_unsupported_for_now():
+def test_block_mask_block_size_is_checked():
     q, k, v = _qkv()
     mask = torch.ones(1, 2, 1, 1, dtype=torch.uint8)
-    with pytest.raises(flashattn.FlashAttnError, match="block") as e:
-        flashattn.flash_attn_func(q, k, v, block_mask=mask, block_size=(64, 64))
-    assert e.value.status == flashattn.Status.ERR_UNSUPPORTED
+    with pytest.raises(ValueError, match="block"):
+        flashattn.flash_attn_func(q, k, v, block_mask=mask, block_size=(0, 64))
+    with pytest.raises(ValueError, match="block_mask"):  # 8 rows in blocks of 4: 2 query blocks
+        flashattn.flash_attn_func(q, k, v, block_mask=mask, block_size=(4, 64))
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.complex64, torch.float8_e4m3fn]

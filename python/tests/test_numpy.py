@@ -162,5 +162,5 @@ def test_numpy_errors():
         fnp.forward(q[0], k, v)
     with pytest.raises(TypeError):
         flashattn.flash_attn_func(q.tolist(), k, v)
-    with pytest.raises(flashattn.FlashAttnError, match="dropout"):
-        fnp.forward(q, k, v, dropout_p=0.1)
+    with pytest.raises(flashattn.FlashAttnError, match="f64"):
+        fnp.forward(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))

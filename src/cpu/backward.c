@@ -141,13 +141,18 @@ static int bwd_step(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, const floa
     cpu_mask_ranges(&u->mk, b->lo, b->hi, r0, nr, c0, nc);
     cpu_mask_fill(b->S, bc, nr, nc, b->lo, b->hi);
   }
+  if (cpu_block_tile(c, u, r0, nr, c0, nc) == CPU_BLOCKS_SOME)
+    cpu_block_fill(c, u, b->S, bc, 1, r0, nr, c0, nc);
   c->kn->exp_rows(b->S, bc, nr, ncp, pb->lse + cpu_lse_index(u, r0));
   g.a = b->dO;
   g.b = b->VT;
   g.c = b->dS;
   g.alpha = 1.0f;
   c->kn->gemm(&g);
+  /* dropout (docs/DROPOUT.md): dS = P o (Z o dP - Di), and dV takes Z o P */
+  if (c->pb->params->dropout_p > 0.0f) cpu_dropout_apply(c, u, b->dS, bc, 1, r0, nr, c0, nc);
   c->kn->dsoftmax(b->dS, b->S, bc, nr, ncp, Di + cpu_lse_index(u, r0), T);
+  if (c->pb->params->dropout_p > 0.0f) cpu_dropout_apply(c, u, b->S, bc, 1, r0, nr, c0, nc);
   return partial;
 }
 
@@ -180,6 +185,7 @@ static void bwd_kv(const cpu_ctx *c, bwd_bufs *b, const float *Di, int64_t s, in
     cpu_unit_init(&u, c, s, h);
     for (int64_t r0 = rlo; r0 < rhi; r0 += br) {
       const int64_t nr = cpu_min(br, rhi - r0);
+      if (cpu_block_tile(c, &u, r0, nr, c0, nc) == CPU_BLOCKS_NONE) continue;
       bwd_load_q(c, &u, b, r0, nr);
       const int partial = bwd_step(c, &u, b, Di, r0, nr, c0, nc);
       if (partial) cpu_mask_cols(&u.mk, b->lo, b->hi, r0, nr, c0, nc);
@@ -211,6 +217,7 @@ static void bwd_q(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, const float 
   if (klo < khi) bwd_load_q(c, u, b, r0, nr);
   for (int64_t c0 = klo; c0 < khi; c0 += c->bc) {
     const int64_t nc = cpu_min(c->bc, khi - c0);
+    if (cpu_block_tile(c, u, r0, nr, c0, nc) == CPU_BLOCKS_NONE) continue;
     bwd_load_kv(c, u, b, c0, nc, 1);
     const int partial = bwd_step(c, u, b, Di, r0, nr, c0, nc);
     if (partial) cpu_mask_ranges(&u->mk, b->lo, b->hi, r0, nr, c0, nc);

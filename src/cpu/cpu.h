@@ -13,6 +13,7 @@
 #include "common/convert.h"
 #include "common/kern.h"
 #include "common/mask.h"
+#include "common/philox.h"
 #include "common/problem.h"
 #include "cpu/tile.h"
 
@@ -78,6 +79,7 @@ typedef struct cpu_ctx {
   int64_t brp;  /* Br rounded up to a 16-wide panel */
   size_t esize; /* bytes per stored element */
   float scale, cap;
+  fa_dropout drop; /* used when dropout_p > 0 */
 } cpu_ctx;
 
 static inline void cpu_ctx_init(cpu_ctx *c, const fa_problem *pb, int64_t rt, int64_t ct,
@@ -91,13 +93,15 @@ static inline void cpu_ctx_init(cpu_ctx *c, const fa_problem *pb, int64_t rt, in
   c->esize = fa_dtype_size(pb->dtype);
   c->scale = pb->scale;
   c->cap = pb->params->softcap;
+  c->drop =
+      fa_dropout_make(pb->params->dropout_p, pb->params->dropout_seed, pb->params->dropout_offset);
 }
 
 /* One (sequence, query head): its rows, mask and ALiBi slope. */
 typedef struct cpu_unit {
   fa_seq sq;
   fa_mask mk;
-  int64_t h, hk;
+  int64_t s, h, hk;
   float slope;
 } cpu_unit;
 
@@ -107,6 +111,7 @@ static inline void cpu_unit_init(cpu_unit *u, const cpu_ctx *c, int64_t s, int64
   u->sq = fa_problem_seq(pb, s);
   u->mk = fa_mask_make(u->sq.nq, u->sq.nk, pr->causal, pr->window_enabled, pr->window_left,
                        pr->window_right);
+  u->s = s;
   u->h = h;
   u->hk = h / pb->group;
   u->slope = pr->alibi_slopes ? pr->alibi_slopes[s * pr->alibi_stride_batch + h] : 0.0f;
@@ -173,6 +178,53 @@ static inline void cpu_mask_fill(float *S, int64_t lds, int64_t n, int64_t m, co
     for (int64_t i = 0; i < lo[t]; i++) s[i] = -INFINITY;
     for (int64_t i = hi[t]; i < m; i++) s[i] = -INFINITY;
   }
+}
+
+/* Block-sparse mask on the tile rows [r0, r0+nr) x keys [c0, c0+nc) of the
+ * unit: CPU_BLOCKS_NONE (no visible block: skip the tile), CPU_BLOCKS_ALL
+ * (every block visible, or no block mask) or CPU_BLOCKS_SOME (mask per element
+ * with cpu_block_fill). */
+enum { CPU_BLOCKS_NONE = 0, CPU_BLOCKS_ALL = 1, CPU_BLOCKS_SOME = 2 };
+
+static inline int cpu_block_tile(const cpu_ctx *c, const cpu_unit *u, int64_t r0, int64_t nr,
+                                 int64_t c0, int64_t nc) {
+  const fa_params *p = c->pb->params;
+  if (!p->block_mask) return CPU_BLOCKS_ALL;
+  const int64_t bq = p->block_size_q, bk = p->block_size_k;
+  int any = 0, all = 1;
+  for (int64_t bi = r0 / bq; bi <= (r0 + nr - 1) / bq; bi++) {
+    const uint8_t *row = fa_problem_block_row(c->pb, u->s, u->h, bi * bq);
+    for (int64_t bj = c0 / bk; bj <= (c0 + nc - 1) / bk; bj++) {
+      any |= row[bj] != 0;
+      all &= row[bj] != 0;
+    }
+  }
+  return all ? CPU_BLOCKS_ALL : any ? CPU_BLOCKS_SOME : CPU_BLOCKS_NONE;
+}
+
+/* S(t, jj) = S[t*rs + jj*cs] = -inf where the block mask hides (row r0+t, key c0+jj). */
+static inline void cpu_block_fill(const cpu_ctx *c, const cpu_unit *u, float *S, int64_t rs,
+                                  int64_t cs, int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+  const int64_t bk = c->pb->params->block_size_k;
+  for (int64_t t = 0; t < nr; t++) {
+    const uint8_t *row = fa_problem_block_row(c->pb, u->s, u->h, r0 + t);
+    for (int64_t jj = 0; jj < nc; jj++)
+      if (!row[(c0 + jj) / bk]) S[t * rs + jj * cs] = -INFINITY;
+  }
+}
+
+/* X(t, jj) = X[t*rs + jj*cs] *= dropout's multiplier of (row r0+t, key c0+jj):
+ * 0 or 1/(1-p). One Philox draw covers four keys (docs/DROPOUT.md). */
+static inline void cpu_dropout_apply(const cpu_ctx *c, const cpu_unit *u, float *X, int64_t rs,
+                                     int64_t cs, int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+  const uint64_t bh = (uint64_t)(u->s * c->pb->heads_q + u->h);
+  const float ks = c->drop.keep_scale;
+  for (int64_t t = 0; t < nr; t++)
+    for (int64_t j = c0; j < c0 + nc; j = (j | 3) + 1) {
+      const fa_u32x4 r = fa_dropout_bits(&c->drop, bh, r0 + t, j);
+      for (int64_t q = j; q <= (j | 3) && q < c0 + nc; q++)
+        X[t * rs + (q - c0) * cs] *= r.v[q & 3] >= c->drop.threshold ? ks : 0.0f;
+    }
 }
 
 #endif

@@ -132,6 +132,8 @@ static int fwd_scores(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, const fl
   c->kn->gemm(&g);
   if (c->cap > 0.0f) tile_softcap(b->ST, brp, nc, ncol, c->cap, NULL);
   if (u->slope != 0.0f) tile_alibi_t(b->ST, brp, nc, ncol, u->slope, r0 + u->sq.nk - u->sq.nq, c0);
+  if (cpu_block_tile(c, u, r0, nr, c0, nc) == CPU_BLOCKS_SOME)
+    cpu_block_fill(c, u, b->ST, 1, brp, r0, nr, c0, nc);
   if (!cpu_tile_partial(&u->mk, r0, nr, c0, nc)) return 0;
   cpu_mask_cols(&u->mk, b->klo, b->khi, r0, nr, c0, nc);
   cpu_mask_fill(b->ST, brp, nc, nr, b->klo, b->khi);
@@ -145,6 +147,8 @@ static void fwd_step(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, const flo
                      int64_t nr, int64_t c0, int64_t nc, float *O, float *m, float *l) {
   const int partial = fwd_scores(c, u, b, QT, r0, nr, c0, nc);
   c->kn->softmax_cols(b->ST, c->brp, nc, fa_round_up(nr, FA_VL), m, l, b->alpha);
+  /* dropout after l: the normaliser (and lse) is that of the undropped P */
+  if (c->pb->params->dropout_p > 0.0f) cpu_dropout_apply(c, u, b->ST, 1, c->brp, r0, nr, c0, nc);
   const int vbw = cpu_dbw(c);
   const fa_gemm g = {nr,
                      c->Dp,
@@ -190,12 +194,17 @@ static void fwd_chunk(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t 
   if (!flash1 && klo < khi) fwd_load_q(c, u, b, q0, q1 - q0);
   for (int64_t c0 = klo / bc * bc; c0 < khi; c0 += bc) {
     const int64_t nc = cpu_min(bc, khi - c0);
+    int needed = 0; /* a block mask may hide the tile from every sub-block */
+    for (int64_t r0 = q0; r0 < q1 && !needed; r0 += br)
+      needed = cpu_block_tile(c, u, r0, cpu_min(br, q1 - r0), c0, nc) != CPU_BLOCKS_NONE;
+    if (!needed) continue;
     fwd_load_kv(c, u, b, c0, nc, khi);
     for (int64_t r0 = q0; r0 < q1; r0 += br) {
       const int64_t nr = cpu_min(br, q1 - r0), i = r0 - q0;
       int64_t lo, hi;
       fa_mask_block_range(&u->mk, r0, r0 + nr, &lo, &hi);
       if (hi <= c0 || lo >= c0 + nc) continue;
+      if (cpu_block_tile(c, u, r0, nr, c0, nc) == CPU_BLOCKS_NONE) continue;
       if (flash1) fwd_load_q(c, u, b, r0, nr);
       fwd_step(c, u, b, flash1 ? b->QT : b->QT + i * c->D, r0, nr, c0, nc, b->O + i * Dp, b->m + i,
                b->l + i);

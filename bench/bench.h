@@ -27,10 +27,13 @@ typedef struct bench_opts {
   int window_enabled;
   int64_t window_left, window_right; /* negative: unlimited on that side */
   float softcap;
+  float dropout;        /* dropout_p (0: off) */
+  double block_density; /* block-sparse: share of visible blocks (0: dense) */
+  int64_t block_size;   /* block-sparse: rows and keys per block */
   bench_layout layout;
   int repeat, warmup;
   double max_time; /* seconds a case may spend in runs before it stops early; 0: no limit */
-  int threads; /* resolved: >= 1 on the CPU */
+  int threads;     /* resolved: >= 1 on the CPU */
   uint64_t seed;
   int json, peak, peak_only;
 } bench_opts;
@@ -58,6 +61,8 @@ void bench_stream_destroy(fa_device d, void *stream);
 size_t bench_memory_limit(fa_device d);
 /* 64-byte aligned device memory, or NULL when it cannot be had. */
 void *bench_alloc(fa_device d, size_t bytes);
+/* Copies host bytes to memory from bench_alloc; 0 on success. */
+int bench_copy_to_device(fa_device d, void *dst, const void *src, size_t bytes);
 void bench_free(fa_device d, void *p);
 /* Writes every byte, so the first timed run does not pay for page faults. */
 int bench_touch(fa_device d, void *stream, void *p, size_t bytes);

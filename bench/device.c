@@ -42,7 +42,8 @@ int bench_device_ready(fa_device d, const char **why) {
   }
   return 1;
 #else
-  *why = "this build has no CUDA backend (configure with -DFLASHATTN_CUDA=ON on a machine with nvcc)";
+  *why =
+      "this build has no CUDA backend (configure with -DFLASHATTN_CUDA=ON on a machine with nvcc)";
   return 0;
 #endif
 }
@@ -99,6 +100,17 @@ void *bench_alloc(fa_device d, size_t bytes) {
   (void)d;
 #endif
   return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+}
+
+int bench_copy_to_device(fa_device d, void *dst, const void *src, size_t bytes) {
+#ifdef FLASHATTN_CUDA
+  if (d == FA_DEVICE_CUDA)
+    return CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice)) ? 0 : -1;
+#else
+  (void)d;
+#endif
+  memcpy(dst, src, bytes);
+  return 0;
 }
 
 void bench_free(fa_device d, void *p) {
@@ -173,10 +185,18 @@ static void fill_host(void *dst, fa_dtype dtype, size_t first, size_t count, uin
   for (int64_t j = 0; j < (int64_t)count; j++) {
     float x = random_value(seed, first + (uint64_t)j);
     switch (dtype) {
-      case FA_DTYPE_F16: ((uint16_t *)dst)[j] = f32_to_f16(x); break;
-      case FA_DTYPE_BF16: ((uint16_t *)dst)[j] = f32_to_bf16(x); break;
-      case FA_DTYPE_F64: ((double *)dst)[j] = x; break;
-      case FA_DTYPE_F32: ((float *)dst)[j] = x; break;
+      case FA_DTYPE_F16:
+        ((uint16_t *)dst)[j] = f32_to_f16(x);
+        break;
+      case FA_DTYPE_BF16:
+        ((uint16_t *)dst)[j] = f32_to_bf16(x);
+        break;
+      case FA_DTYPE_F64:
+        ((double *)dst)[j] = x;
+        break;
+      case FA_DTYPE_F32:
+        ((float *)dst)[j] = x;
+        break;
     }
   }
 }

@@ -17,8 +17,9 @@ static const char *const TENSOR_NAMES[N_TENSORS] = {"q", "k", "v", "o", "dout", 
 
 typedef struct bench_env {
   const bench_opts *o;
-  void *stream;     /* CUDA stream, NULL on the CPU */
-  size_t mem_limit; /* bytes a case may allocate */
+  uint8_t *block_mask; /* device memory, (B, H, query blocks, key blocks); NULL: dense */
+  void *stream;        /* CUDA stream, NULL on the CPU */
+  size_t mem_limit;    /* bytes a case may allocate */
 } bench_env;
 
 /* Device memory of one case, made fresh for it. */
@@ -53,7 +54,8 @@ static double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
 #if defined(__GNUC__)
 __attribute__((format(printf, 3, 4)))
 #endif
-static int fail(bench_result *r, bench_status status, const char *fmt, ...) {
+static int
+fail(bench_result *r, bench_status status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(r->message, sizeof r->message, fmt, ap);
@@ -80,6 +82,16 @@ static fa_params make_params(const bench_env *e, fa_algorithm impl) {
   p.window_left = o->window_left;
   p.window_right = o->window_right;
   p.softcap = o->softcap;
+  p.dropout_p = o->dropout;
+  p.dropout_seed = o->seed;
+  if (e->block_mask) {
+    p.block_mask = e->block_mask;
+    p.block_size_q = p.block_size_k = o->block_size;
+    p.block_mask_stride_row = (o->seqlen_k + o->block_size - 1) / o->block_size;
+    p.block_mask_stride_head =
+        p.block_mask_stride_row * ((o->seqlen + o->block_size - 1) / o->block_size);
+    p.block_mask_stride_batch = p.block_mask_stride_head * o->heads;
+  }
   p.num_threads = o->device == FA_DEVICE_CPU ? o->threads : 0;
   p.stream = e->stream;
   return p;
@@ -134,8 +146,8 @@ static int alloc_workspace(const bench_env *e, bench_pass pass, fa_params *p, ca
   r->extra_known = 1;
   if (need == 0) return 0;
   if (need > e->mem_limit - m->bytes)
-    return fail(r, BENCH_OOM, "workspace of %.1f MiB does not fit in the %.1f MiB limit",
-                mib(need), mib(e->mem_limit));
+    return fail(r, BENCH_OOM, "workspace of %.1f MiB does not fit in the %.1f MiB limit", mib(need),
+                mib(e->mem_limit));
   m->workspace = bench_alloc(e->o->device, need);
   if (!m->workspace)
     return fail(r, BENCH_OOM, "cannot allocate the workspace (%.1f MiB)", mib(need));
@@ -196,8 +208,10 @@ static int time_pass(const bench_env *e, bench_pass pass, const fa_params *p, ca
     }
     const fa_status st = run_pass(p, m, pass, &call);
     const double t = bench_timer_stop(&tm); /* waits for the device */
-    if (st != FA_OK) rc = fail_fa(r, call, st);
-    else if (t < 0) rc = fail(r, BENCH_ERROR, "%s: %s", call, bench_device_error());
+    if (st != FA_OK)
+      rc = fail_fa(r, call, st);
+    else if (t < 0)
+      rc = fail(r, BENCH_ERROR, "%s: %s", call, bench_device_error());
     if (rc) break;
     spent += t;
     if (warm_left > 0 && !(budget_ms > 0 && t >= budget_ms)) {
@@ -234,8 +248,10 @@ static void run_case(const bench_env *e, fa_algorithm impl, bench_pass pass, uin
   if (alloc_tensors(e, pass, seed, &m, r) == 0 && alloc_workspace(e, pass, &p, &m, r) == 0) {
     /* the backward needs O and lse from a forward: untimed */
     const fa_status st = pass == BENCH_BWD ? run_pass(&p, &m, BENCH_FWD, &call) : FA_OK;
-    if (st != FA_OK) fail_fa(r, call, st);
-    else time_pass(e, pass, &p, &m, r);
+    if (st != FA_OK)
+      fail_fa(r, call, st);
+    else
+      time_pass(e, pass, &p, &m, r);
   }
   free_case(e, &m);
 }
@@ -244,6 +260,38 @@ static void report_failure(const bench_opts *o, const bench_result *r) {
   if (r->status == BENCH_OK || o->json) return; /* JSON carries it in "error" */
   fprintf(stderr, PROG ": %s %s: %s\n", bench_impl_name(r->impl), bench_pass_name(r->pass),
           r->message);
+}
+
+/* Every (batch, head, query block) row keeps round(S * key blocks) of its key
+ * blocks (at least one), picked at random: each row does the same work. */
+static int make_block_mask(const bench_opts *o, bench_env *e) {
+  const int64_t nbq = (o->seqlen + o->block_size - 1) / o->block_size;
+  const int64_t nbk = (o->seqlen_k + o->block_size - 1) / o->block_size;
+  const int64_t rows = o->batch * o->heads * nbq;
+  const size_t bytes = (size_t)(rows * nbk);
+  uint8_t *host = calloc(bytes, 1);
+  int64_t *perm = malloc(sizeof(int64_t) * (size_t)nbk);
+  if (!host || !perm) {
+    free(host), free(perm);
+    return -1;
+  }
+  int64_t keep = (int64_t)(o->block_density * (double)nbk + 0.5);
+  keep = keep < 1 ? 1 : keep > nbk ? nbk : keep;
+  uint64_t x = o->seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t r = 0; r < rows; r++) {
+    for (int64_t j = 0; j < nbk; j++) perm[j] = j;
+    for (int64_t j = nbk - 1; j > 0; j--) { /* Fisher-Yates with xorshift64 */
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      const int64_t t = (int64_t)(x % (uint64_t)(j + 1)), v = perm[j];
+      perm[j] = perm[t], perm[t] = v;
+    }
+    for (int64_t j = 0; j < keep; j++) host[r * nbk + perm[j]] = 1;
+  }
+  free(perm);
+  e->block_mask = bench_alloc(o->device, bytes);
+  const int rc = e->block_mask ? bench_copy_to_device(o->device, e->block_mask, host, bytes) : -1;
+  free(host);
+  return rc;
 }
 
 /* The peak, when asked for: measured on the CPU only. */
@@ -272,9 +320,13 @@ int main(int argc, char **argv) {
   peak_if_asked(&o, &peak);
   if (o.peak_only) return 0;
 
-  bench_env env = {&o, NULL, bench_memory_limit(o.device)};
+  bench_env env = {&o, NULL, NULL, bench_memory_limit(o.device)};
   if (bench_stream_create(o.device, &env.stream)) {
     fprintf(stderr, PROG ": cannot create a stream: %s\n", bench_device_error());
+    return 1;
+  }
+  if (o.block_density > 0 && make_block_mask(&o, &env)) {
+    fprintf(stderr, PROG ": cannot make the block mask: %s\n", bench_device_error());
     return 1;
   }
   bench_result results[BENCH_MAX_PASSES * BENCH_MAX_IMPLS];
@@ -289,6 +341,7 @@ int main(int argc, char **argv) {
       failed |= results[n].status == BENCH_ERROR;
     }
   bench_print_summary(&o, results, n);
+  bench_free(o.device, env.block_mask);
   bench_stream_destroy(o.device, env.stream);
   return failed ? 1 : 0;
 }

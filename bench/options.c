@@ -14,28 +14,38 @@
 
 const char *bench_impl_name(fa_algorithm a) {
   switch (a) {
-    case FA_ALGO_STANDARD: return "standard";
-    case FA_ALGO_FLASH1: return "flash1";
-    case FA_ALGO_FLASH2: return "flash2";
+    case FA_ALGO_STANDARD:
+      return "standard";
+    case FA_ALGO_FLASH1:
+      return "flash1";
+    case FA_ALGO_FLASH2:
+      return "flash2";
   }
   return "?";
 }
 
 const char *bench_pass_name(bench_pass p) {
   switch (p) {
-    case BENCH_FWD: return "fwd";
-    case BENCH_BWD: return "bwd";
-    case BENCH_FWDBWD: return "fwdbwd";
+    case BENCH_FWD:
+      return "fwd";
+    case BENCH_BWD:
+      return "bwd";
+    case BENCH_FWDBWD:
+      return "fwdbwd";
   }
   return "?";
 }
 
 const char *bench_dtype_name(fa_dtype d) {
   switch (d) {
-    case FA_DTYPE_F32: return "f32";
-    case FA_DTYPE_F16: return "f16";
-    case FA_DTYPE_BF16: return "bf16";
-    case FA_DTYPE_F64: return "f64";
+    case FA_DTYPE_F32:
+      return "f32";
+    case FA_DTYPE_F16:
+      return "f16";
+    case FA_DTYPE_BF16:
+      return "bf16";
+    case FA_DTYPE_F64:
+      return "f64";
   }
   return "?";
 }
@@ -131,8 +141,8 @@ static int opt_device(parse_state *s, const char *flag, const char *val) {
 
 static int opt_impl(parse_state *s, const char *flag, const char *val) {
   int idx[BENCH_MAX_IMPLS];
-  if (parse_list(flag, val, IMPL_WORDS, 3, "a comma list of standard, flash1, flash2, or all",
-                 idx, &s->o->n_impls))
+  if (parse_list(flag, val, IMPL_WORDS, 3, "a comma list of standard, flash1, flash2, or all", idx,
+                 &s->o->n_impls))
     return -1;
   for (int i = 0; i < s->o->n_impls; i++) s->o->impls[i] = IMPL_ALGOS[idx[i]];
   return 0;
@@ -147,9 +157,9 @@ static int opt_pass(parse_state *s, const char *flag, const char *val) {
   return 0;
 }
 
-#define SIZE_OPT(fn, field, lo, hi)                                   \
+#define SIZE_OPT(fn, field, lo, hi)                                  \
   static int fn(parse_state *s, const char *flag, const char *val) { \
-    return parse_i64(flag, val, lo, hi, &s->o->field);                \
+    return parse_i64(flag, val, lo, hi, &s->o->field);               \
   }
 SIZE_OPT(opt_batch, batch, 1, INT32_MAX)
 SIZE_OPT(opt_heads, heads, 1, INT32_MAX)
@@ -210,6 +220,28 @@ static int opt_softcap(parse_state *s, const char *flag, const char *val) {
   if (errno || end == val || *end != '\0' || !isfinite(x) || x < 0 || x > 1e30)
     return bad_value(flag, val, "a number >= 0 (0: off)");
   s->o->softcap = (float)x;
+  return 0;
+}
+
+static int opt_dropout(parse_state *s, const char *flag, const char *val) {
+  char *end;
+  errno = 0;
+  double x = strtod(val, &end);
+  if (errno || end == val || *end != '\0' || !(x >= 0 && x < 1))
+    return bad_value(flag, val, "a probability in [0, 1)");
+  s->o->dropout = (float)x;
+  return 0;
+}
+
+/* DENSITY[,BLOCK]: a random block mask keeping that share of each row's key blocks. */
+static int opt_block_sparse(parse_state *s, const char *flag, const char *val) {
+  char *end;
+  errno = 0;
+  double x = strtod(val, &end);
+  if (errno || end == val || !(x > 0 && x <= 1) || (*end != '\0' && *end != ','))
+    return bad_value(flag, val, "DENSITY in (0, 1], optionally ,BLOCK");
+  s->o->block_density = x;
+  if (*end == ',' && parse_i64(flag, end + 1, 1, INT32_MAX, &s->o->block_size)) return -1;
   return 0;
 }
 
@@ -281,7 +313,8 @@ static const opt_def OPTS[] = {
     {"--impl", "LIST", TAKES_VALUE, opt_impl,
      "algorithms, comma separated: standard, flash1,\nflash2, or all (default: all)"},
     {"--pass", "LIST", TAKES_VALUE, opt_pass,
-     "passes, comma separated: fwd, bwd (the backward\nalone, after an untimed forward), fwdbwd, or all\n"
+     "passes, comma separated: fwd, bwd (the backward\nalone, after an untimed forward), fwdbwd, "
+     "or all\n"
      "(default: fwd,bwd)"},
     {"--batch", "N", TAKES_VALUE, opt_batch, "batch size B (default: 32)"},
     {"--heads", "N", TAKES_VALUE, opt_heads, "query heads H (default: 16)"},
@@ -297,20 +330,28 @@ static const opt_def OPTS[] = {
     {"--window", "LEFT,RIGHT", TAKES_VALUE, opt_window,
      "sliding window; -1 is unlimited on that side\n(default: off)"},
     {"--softcap", "X", TAKES_VALUE, opt_softcap, "logit soft-capping, 0 is off (default: 0)"},
+    {"--dropout", "P", TAKES_VALUE, opt_dropout, "dropout probability (default: 0)"},
+    {"--block-sparse", "S[,BLOCK]", TAKES_VALUE, opt_block_sparse,
+     "random block mask keeping a share S of each\nrow's BLOCK x BLOCK blocks (default BLOCK "
+     "128);\n"
+     "FLOPs are still counted dense (default: off)"},
     {"--layout", "bnhd|bhnd", TAKES_VALUE, opt_layout,
      "(B,N,H,D) as flash-attn or (B,H,N,D) as PyTorch\nSDPA (default: bnhd)"},
     {"--repeat", "N", TAKES_VALUE, opt_repeat,
      "timed runs per case; the median is reported\n(default: 3 on cpu, 20 on cuda)"},
     {"--warmup", "N", TAKES_VALUE, opt_warmup, "untimed runs before timing (default: 1)"},
     {"--max-time", "SECONDS", TAKES_VALUE, opt_max_time,
-     "a case stops early once its runs took this long,\nafter one timed run; a warmup run that alone\n"
-     "takes longer counts as that run; 0: always run\n--warmup + --repeat (default: 2 on cpu, 10 on cuda)"},
+     "a case stops early once its runs took this long,\nafter one timed run; a warmup run that "
+     "alone\n"
+     "takes longer counts as that run; 0: always run\n--warmup + --repeat (default: 2 on cpu, 10 "
+     "on cuda)"},
     {"--threads", "N", TAKES_VALUE, opt_threads, "CPU threads, 0 for all cores (default: 0)"},
     {"--seed", "N", TAKES_VALUE, opt_seed, "random seed of the inputs (default: 1)"},
     {"--json", NULL, SWITCH, opt_json,
      "one JSON object per line (records: case, peak,\nsummary) instead of the table"},
     {"--peak", NULL, SWITCH, opt_peak,
-     "first measure the CPU's float32 FMA peak and DRAM\nread bandwidth, then show each case's GFLOP/s\n"
+     "first measure the CPU's float32 FMA peak and DRAM\nread bandwidth, then show each case's "
+     "GFLOP/s\n"
      "as a share of that peak (peak%)"},
     {"--peak-only", NULL, SWITCH, opt_peak_only, "measure the peak and bandwidth, run no cases"},
     {"--help", NULL, ACTION, NULL, "this text"},
@@ -319,15 +360,15 @@ static const opt_def OPTS[] = {
 enum { N_OPTS = sizeof OPTS / sizeof OPTS[0] };
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: " PROG " [options]\n"
-          "\n"
-          "Times standard attention, FlashAttention-1 and FlashAttention-2 through the\n"
-          "flashattn C API and prints time, GFLOP/s and extra memory side by side.\n"
-          "Without options it runs the seeds' comparison: B=32, Nq=Nk=512, H=16, D=64,\n"
-          "causal, f32 on the CPU, all three algorithms, forward and backward.\n"
-          "\n"
-          "options (--flag VALUE or --flag=VALUE):\n");
+  fprintf(f, "usage: " PROG
+             " [options]\n"
+             "\n"
+             "Times standard attention, FlashAttention-1 and FlashAttention-2 through the\n"
+             "flashattn C API and prints time, GFLOP/s and extra memory side by side.\n"
+             "Without options it runs the seeds' comparison: B=32, Nq=Nk=512, H=16, D=64,\n"
+             "causal, f32 on the CPU, all three algorithms, forward and backward.\n"
+             "\n"
+             "options (--flag VALUE or --flag=VALUE):\n");
   for (int i = 0; i < N_OPTS; i++) {
     char head[64];
     snprintf(head, sizeof head, "%s%s%s", OPTS[i].name, OPTS[i].metavar ? " " : "",
@@ -373,6 +414,7 @@ static void set_defaults(bench_opts *o) {
   o->batch = 32, o->heads = 16, o->seqlen = 512, o->headdim = 64;
   o->causal = 1;
   o->window_left = o->window_right = -1;
+  o->block_size = 128;
   o->warmup = 1;
   o->seed = 1;
 }
@@ -405,14 +447,16 @@ int bench_parse_args(int argc, char **argv, bench_opts *o) {
     const opt_def *d = strncmp(arg, "--", 2) == 0 ? find_opt(arg, len) : NULL;
     if (!d) {
       fprintf(stderr, PROG ": %s '%s'\n", arg[0] == '-' ? "unknown option" : "unexpected argument",
-                      arg);
+              arg);
       return usage_error();
     }
     const char *val = eq ? eq + 1 : NULL;
     if (d->kind == ACTION) {
       if (val) return fprintf(stderr, PROG ": %s takes no value\n", d->name), usage_error();
-      if (strcmp(d->name, "--help") == 0) usage(stdout);
-      else printf("flashattn %s\n", fa_version());
+      if (strcmp(d->name, "--help") == 0)
+        usage(stdout);
+      else
+        printf("flashattn %s\n", fa_version());
       return 0;
     }
     if (d->kind == TAKES_VALUE && !val) {

@@ -11,7 +11,8 @@ static const double MIB = 1024.0 * 1024.0;
 /* Query/key pairs that survive the masks, summed over the query rows. */
 static double visible_pairs(const bench_opts *o) {
   const int64_t nq = o->seqlen, nk = o->seqlen_k;
-  if (!o->window_enabled) return o->causal ? 0.5 * (double)nq * (double)nk : (double)nq * (double)nk;
+  if (!o->window_enabled)
+    return o->causal ? 0.5 * (double)nq * (double)nk : (double)nq * (double)nk;
   double pairs = 0;
   for (int64_t i = 0; i < nq; i++) {
     const int64_t diag = i + nk - nq; /* bottom-right aligned */
@@ -33,10 +34,14 @@ double bench_flops(const bench_opts *o, bench_pass pass) {
 
 static const char *status_name(bench_status s) {
   switch (s) {
-    case BENCH_OK: return "ok";
-    case BENCH_OOM: return "oom";
-    case BENCH_UNSUPPORTED: return "unsupported";
-    case BENCH_ERROR: return "error";
+    case BENCH_OK:
+      return "ok";
+    case BENCH_OOM:
+      return "oom";
+    case BENCH_UNSUPPORTED:
+      return "unsupported";
+    case BENCH_ERROR:
+      return "error";
   }
   return "?";
 }
@@ -51,16 +56,21 @@ static void json_string(const char *s) {
   putchar('"');
   for (; *s; s++) {
     unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\') printf("\\%c", c);
-    else if (c < 0x20) printf("\\u%04x", c);
-    else putchar(c);
+    if (c == '"' || c == '\\')
+      printf("\\%c", c);
+    else if (c < 0x20)
+      printf("\\u%04x", c);
+    else
+      putchar(c);
   }
   putchar('"');
 }
 
 static void json_number(double x) {
-  if (isfinite(x)) printf("%.6g", x);
-  else printf("null");
+  if (isfinite(x))
+    printf("%.6g", x);
+  else
+    printf("null");
 }
 
 static void json_result(const bench_opts *o, const bench_peak *peak, const bench_result *r) {
@@ -79,6 +89,11 @@ static void json_result(const bench_opts *o, const bench_peak *peak, const bench
     printf(",\"window_left\":null,\"window_right\":null");
   printf(",\"softcap\":");
   json_number(o->softcap);
+  printf(",\"dropout\":");
+  json_number(o->dropout);
+  printf(",\"block_density\":");
+  json_number(o->block_density);
+  printf(",\"block_size\":%lld", (long long)(o->block_density > 0 ? o->block_size : 0));
   printf(",\"status\":\"%s\",\"ms\":", status_name(r->status));
   json_number(ok ? r->ms : NAN);
   printf(",\"ms_min\":");
@@ -92,8 +107,10 @@ static void json_result(const bench_opts *o, const bench_peak *peak, const bench
     json_number(ok ? r->gflops / peak->fma_gflops : NAN);
   }
   printf(",\"extra_bytes\":");
-  if (r->extra_known) printf("%zu", r->extra_bytes);
-  else printf("null");
+  if (r->extra_known)
+    printf("%zu", r->extra_bytes);
+  else
+    printf("null");
   printf(",\"threads\":%d,\"runs\":%d,\"repeat\":%d,\"warmup\":%d,\"max_time\":%g,\"seed\":%llu",
          o->device == FA_DEVICE_CPU ? o->threads : 0, r->runs, o->repeat, o->warmup, o->max_time,
          (unsigned long long)o->seed);
@@ -114,6 +131,10 @@ void bench_print_header(const bench_opts *o, const bench_peak *peak) {
   if (o->window_enabled)
     printf(", window (%lld, %lld)", (long long)o->window_left, (long long)o->window_right);
   if (o->softcap > 0) printf(", softcap %g", o->softcap);
+  if (o->dropout > 0) printf(", dropout %g", o->dropout);
+  if (o->block_density > 0)
+    printf(", block-sparse %g of %lldx%lld blocks", o->block_density, (long long)o->block_size,
+           (long long)o->block_size);
   printf(", median of %d run%s after %d warmup", o->repeat, o->repeat == 1 ? "" : "s", o->warmup);
   if (o->max_time > 0) printf(" (fewer past %gs a case)", o->max_time);
   printf("\n");
@@ -127,14 +148,16 @@ void bench_print_header(const bench_opts *o, const bench_peak *peak) {
 
 void bench_print_peak(const bench_opts *o, const bench_peak *peak) {
   if (o->json) {
-    printf("{\"record\":\"peak\",\"device\":\"cpu\",\"threads\":%d,\"isa\":\"%s\","
-           "\"fma_gflops\":%.6g,\"dram_read_gbps\":%.6g,\"dram_bytes\":%zu}\n",
-           o->threads, peak->isa, peak->fma_gflops, peak->dram_gbps, peak->dram_bytes);
+    printf(
+        "{\"record\":\"peak\",\"device\":\"cpu\",\"threads\":%d,\"isa\":\"%s\","
+        "\"fma_gflops\":%.6g,\"dram_read_gbps\":%.6g,\"dram_bytes\":%zu}\n",
+        o->threads, peak->isa, peak->fma_gflops, peak->dram_gbps, peak->dram_bytes);
   } else {
-    printf("peak (cpu, %d thread%s): float32 FMA %.1f GFLOP/s (%s), DRAM read %.1f GB/s "
-           "(%.0f MiB array)\n",
-           o->threads, o->threads == 1 ? "" : "s", peak->fma_gflops, peak->isa, peak->dram_gbps,
-           (double)peak->dram_bytes / MIB);
+    printf(
+        "peak (cpu, %d thread%s): float32 FMA %.1f GFLOP/s (%s), DRAM read %.1f GB/s "
+        "(%.0f MiB array)\n",
+        o->threads, o->threads == 1 ? "" : "s", peak->fma_gflops, peak->isa, peak->dram_gbps,
+        (double)peak->dram_bytes / MIB);
   }
   fflush(stdout);
 }
@@ -180,9 +203,10 @@ static void summary_line(const bench_opts *o, const bench_result *base, const be
   const double mem_ratio =
       r->extra_bytes ? (double)base->extra_bytes / (double)r->extra_bytes : INFINITY;
   if (o->json) {
-    printf("{\"record\":\"summary\",\"impl\":\"%s\",\"baseline\":\"standard\",\"pass\":\"%s\","
-           "\"baseline_status\":\"%s\",\"speedup\":",
-           bench_impl_name(r->impl), bench_pass_name(r->pass), status_name(base->status));
+    printf(
+        "{\"record\":\"summary\",\"impl\":\"%s\",\"baseline\":\"standard\",\"pass\":\"%s\","
+        "\"baseline_status\":\"%s\",\"speedup\":",
+        bench_impl_name(r->impl), bench_pass_name(r->pass), status_name(base->status));
     json_number(speedup);
     printf(",\"extra_bytes\":%zu,\"baseline_extra_bytes\":%zu,\"memory_ratio\":", r->extra_bytes,
            base->extra_bytes);
@@ -191,8 +215,10 @@ static void summary_line(const bench_opts *o, const bench_result *base, const be
     return;
   }
   printf("%s vs standard, %-6s: ", bench_impl_name(r->impl), bench_pass_name(r->pass));
-  if (base->status == BENCH_OK) printf("speedup %5.2fx, ", speedup);
-  else printf("standard OOM, ");
+  if (base->status == BENCH_OK)
+    printf("speedup %5.2fx, ", speedup);
+  else
+    printf("standard OOM, ");
   if (r->extra_bytes == 0 || base->extra_bytes == 0)
     printf("extra memory %.3f MiB vs %.3f MiB\n", (double)r->extra_bytes / MIB,
            (double)base->extra_bytes / MIB);

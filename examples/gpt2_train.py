@@ -57,7 +57,17 @@ def flash_attention(qkv):
     return flashattn.flash_attn_qkvpacked_func(qkv, causal=True)
 
 
-ATTENTION = {"flashattn": flash_attention, "math": math_attention}
+def sdpa_flash_attention(qkv):
+    """torch SDPA's flash backend (FlashAttention-2): a third bf16 run, the yardstick of how
+    far two correct low-precision attentions drift apart over training."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q, k, v = (x.transpose(1, 2) for x in qkv.unbind(2))
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return out.transpose(1, 2)
+
+
+ATTENTION = {"flashattn": flash_attention, "math": math_attention, "sdpa-flash": sdpa_flash_attention}
 
 
 class Block(nn.Module):
@@ -263,13 +273,20 @@ def main():
                                                         sum(tail) / len(tail), r["step_ms"],
                                                         r["peak_mb"]))
     by = {(r["impl"], r["seqlen"]): r for r in results if "error" not in r}
+    def tail_mean(r):  # per-step losses are noisy: compare the last tenth's means
+        t = r["losses"][-max(1, len(r["losses"]) // 10):]
+        return sum(t) / len(t)
+
     for n in seqlens:
-        a, b = by.get(("flashattn", n)), by.get(("math", n))
-        if a and b:
-            diff = max(abs(x - y) for x, y in zip(a["losses"], b["losses"]))
-            print("seqlen %d: flashattn/math step time %.2fx, peak memory %.2fx, max loss "
-                  "difference over the curve %.2e" % (n, a["step_ms"] / b["step_ms"],
-                                                      a["peak_mb"] / b["peak_mb"], diff))
+        b = by.get(("math", n))
+        for name in ("flashattn", "sdpa-flash"):
+            a = by.get((name, n))
+            if a and b:
+                diff = max(abs(x - y) for x, y in zip(a["losses"], b["losses"]))
+                print("seqlen %d: %s/math step time %.2fx, peak memory %.2fx, final loss %+.4f, "
+                      "max per-step loss difference %.2e" % (
+                          n, name, a["step_ms"] / b["step_ms"], a["peak_mb"] / b["peak_mb"],
+                          tail_mean(a) - tail_mean(b), diff))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": {k: v for k, v in vars(args).items() if k != "_child"},

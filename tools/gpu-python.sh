@@ -9,7 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/build-gpu/out}
 mkdir -p "$OUT"
-example=1 steps=200
+example=1 steps=300
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-example) example=0 ;;
@@ -37,7 +37,8 @@ tail -3 "$OUT/pytest.log"
 
 if [ $example = 1 ]; then
   echo "== examples/gpt2_train.py --device cuda --steps $steps"
-  python3 examples/gpt2_train.py --device cuda --steps "$steps" --json "$OUT/gpt2.json" \
+  python3 examples/gpt2_train.py --device cuda --steps "$steps" --impl flashattn,sdpa-flash,math \
+    --json "$OUT/gpt2.json" \
     >"$OUT/gpt2.log" 2>&1 || status=1
   tail -25 "$OUT/gpt2.log"
 fi

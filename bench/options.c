@@ -385,8 +385,8 @@ static void usage(FILE *f) {
   fprintf(f,
           "\n"
           "FLOPs as in the papers: forward 4*B*H*Nq*Nk*D, halved when causal (the\n"
-          "exact count of visible pairs with --window); backward 2.5x and fwdbwd 3.5x\n"
-          "the forward.\n"
+          "exact count of visible pairs with --window, or causal with Nq != Nk);\n"
+          "backward 2.5x and fwdbwd 3.5x the forward.\n"
           "Extra memory is the workspace fa_workspace_size() asks for (the bench passes it\n"
           "in); a case that would not fit in 75%% of RAM is reported as OOM.\n"
           "Exit status: 0 ok (OOM and unsupported cases included), 1 a case failed or the\n"

@@ -522,6 +522,13 @@ void register_extension_tests(void) {
     big.causal = 1, big.p = 0.1f, big.bq = 48, big.bk = 80;
     snprintf(name, sizeof name, "extensions/block+dropout/%s/n300-333/causal/bq48-bk80", dn);
     ext_add(name, &big);
+    /* decode shapes (the CPU's split-K path): one and three query rows, GQA */
+    ecfg d = {dts[t], 2, 4, 2, 1, 1100, 16, 0, 0.3f, 0, 8, 8, 0, {0}, {0}};
+    snprintf(name, sizeof name, "extensions/dropout/%s/decode/nq1-nk1100", dn);
+    ext_add(name, &d);
+    d.nq = 3, d.causal = 1, d.p = 0.2f, d.block = 1, d.bq = 2, d.bk = 48;
+    snprintf(name, sizeof name, "extensions/block+dropout/%s/decode/causal/nq3-nk1100", dn);
+    ext_add(name, &d);
     ecfg v = {dts[t], 1, 2, 1, 0, 0, 16, 1, 0.25f, 1, 4, 4, 3, {9, 0, 14}, {12, 5, 6}};
     snprintf(name, sizeof name, "extensions/block+dropout/%s/varlen/causal", dn);
     ext_add(name, &v);

@@ -333,6 +333,96 @@ static void reg_nan(void) {
     }
 }
 
+/* Decode shapes (Nq * group <= 16 rows per K/V head: the CPU's split-K
+ * path): several splits (Nk > 512), every feature, and threads 1 vs 2. */
+static void threads_fn(const void *arg) { attn_check_threads((const acfg *)arg); }
+
+static void reg_decode(void) {
+  static const int dims[4] = {128, 64, 40, 36}; /* 36: not whole vectors */
+  for (int nq = 1; nq <= 4; nq++)
+    for (int t = 0; t < 3; t++) {
+      acfg c = acfg_default();
+      c.dtype = k_dtypes[t];
+      c.nq = nq;
+      c.nk = 1000 + 37 * nq;
+      c.d = dims[(nq + t) % 4];
+      c.hq = c.hk = 2;
+      reg("decode", &c);
+      c.causal = 1; /* bottom-right: the last rows see (nearly) every key */
+      reg("decode", &c);
+    }
+  static const int gqa[][3] = {{32, 8, 1}, {8, 1, 2}, {16, 4, 4}, {4, 4, 3}};
+  for (int i = 0; i < 4; i++) {
+    acfg c = acfg_default();
+    c.dtype = k_dtypes[i % 3];
+    c.hq = gqa[i][0];
+    c.hk = gqa[i][1];
+    c.nq = gqa[i][2];
+    c.nk = 700;
+    c.d = 128;
+    c.causal = i & 1;
+    reg("decode-gqa", &c);
+    if (i < 2) attn_register_fn("decode-threads", threads_fn, &c, 0);
+  }
+  acfg c = acfg_default();
+  c.nq = 1;
+  c.nk = 2500;
+  c.window = 1;
+  c.wl = 300;
+  c.wr = 0;
+  reg("decode-window", &c);
+  c.nq = 4;
+  c.wl = 40;
+  c.wr = 700; /* clipped by the sequence end */
+  c.dtype = FA_DTYPE_F16;
+  reg("decode-window", &c);
+  c = acfg_default();
+  c.nq = 2;
+  c.nk = 900;
+  c.hq = 4;
+  c.hk = 2;
+  c.softcap = 2;
+  c.qk_std = 2;
+  c.causal = 1;
+  reg("decode-softcap", &c);
+  c.softcap = 0;
+  c.qk_std = 0;
+  c.alibi = 2;
+  c.batch = 2;
+  c.dtype = FA_DTYPE_BF16;
+  reg("decode-alibi", &c);
+  c = acfg_default();
+  c.hq = 8;
+  c.hk = 2;
+  c.d = 64;
+  c.nseq = 5; /* one query row per sequence, and sequences with no keys or rows */
+  static const int lq[5] = {1, 1, 0, 1, 1}, lk[5] = {700, 1, 5, 0, 1300};
+  for (int i = 0; i < 5; i++) {
+    c.lens_q[i] = lq[i];
+    c.lens_k[i] = lk[i];
+  }
+  c.causal = 1;
+  reg("decode-varlen", &c);
+  c.dtype = FA_DTYPE_F16;
+  c.layout = TU_PADDED;
+  attn_register_fn("decode-threads", threads_fn, &c, 0);
+  c = acfg_default();
+  c.nq = 1;
+  c.nk = 800;
+  c.hq = 4;
+  c.hk = 2;
+  c.inject = 1;
+  reg_special("decode-nan-k", nan_k_fn, c);
+  c.inject = 3;
+  c.dtype = FA_DTYPE_F16;
+  reg_special("decode-nan-v", nan_k_fn, c);
+  c.inject = 2;
+  c.window = 1;
+  c.wl = 200;
+  c.wr = 0;
+  reg_special("decode-neginf-k", nan_k_fn, c);
+}
+
 static void rounding_fn(const void *arg) { attn_check_rounding((const acfg *)arg); }
 
 static void reg_rounding(void) {
@@ -538,6 +628,7 @@ void register_forward_tests(void) {
   reg_varlen();
   reg_layouts();
   reg_nan();
+  reg_decode();
   reg_rounding();
   reg_meta();
 }

@@ -86,6 +86,32 @@ typedef struct fa_kern {
 
   /* exp(x[i]) for n floats in place (the fast exp of every kernel above). */
   void (*exp)(float *x, int64_t n);
+
+  /* softmax_cols on a row-major tile: each of nr rows of S (ld lds, n a
+   * multiple of FA_VL, -inf in padding) updates its m, l and alpha. */
+  void (*softmax_step_rows)(float *S, int64_t lds, int64_t nr, int64_t n, float *m, float *l,
+                            float *alpha);
+
+  /* Rows r < nr of K and V (row r at k + r*ks and v + r*vs bytes, d elements
+   * of dtype dt) to float32 rows at K + r*ld and V + r*ld, zero-padded to
+   * whole vectors; converting row r first prefetches rows r + pf of both where
+   * r + pf < npf (rows a head-stride apart defeat the hardware prefetcher). */
+  void (*load_kv)(float *K, float *V, int64_t ld, const void *k, int64_t ks, const void *v,
+                  int64_t vs, fa_dtype dt, int64_t nr, int64_t d, int64_t pf, int64_t npf);
+
+  /* dots and O += P V with K and V read straight from storage rows (dt f32
+   * or f16, d a multiple of FA_VL; row j at k + j*ks bytes), converted in
+   * registers, never stored: decode's whole job is streaming K and V once.
+   * dots_kv: S[r*lds + j] = alpha * sum_c Q[r*ldq + c] K_j[c], r < m, j < n.
+   * pv_kv: O[r*ldo + c] = rowscale[r] O[r*ldo + c] + sum_j P[r*ldp + j] V_j[c]
+   * over j in [lo[r], hi[r]) (NULL: [0, n)), c < d.
+   * Both prefetch row j + pf (below npf) of their operand as they go. */
+  void (*dots_kv)(int64_t m, int64_t n, int64_t d, const float *Q, int64_t ldq, const void *k,
+                  int64_t ks, fa_dtype dt, float *S, int64_t lds, float alpha, int64_t pf,
+                  int64_t npf);
+  void (*pv_kv)(int64_t m, int64_t n, int64_t d, const float *P, int64_t ldp, const void *v,
+                int64_t vs, fa_dtype dt, float *O, int64_t ldo, const float *rowscale,
+                const int32_t *lo, const int32_t *hi, int64_t pf, int64_t npf);
 } fa_kern;
 
 const fa_kern *fa_kern_get(void);

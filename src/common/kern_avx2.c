@@ -35,6 +35,12 @@ static inline void vf_store_f16(uint16_t *p, vf v) {
   _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
 }
 
+static inline vf vf_sum8(const vf *v) {
+  const vf ab = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const vf cd = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
+}
+
 #define SFX(name) name##_avx2
 #define KB_ISA "avx2"
 #include "common/kern_body.h"
@@ -44,5 +50,5 @@ static inline void vf_store_f16(uint16_t *p, vf v) {
 
 #include "common/kern.h"
 
-const fa_kern fa_kern_avx2 = {"avx2", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+const fa_kern fa_kern_avx2 = {.isa = "avx2"};
 #endif

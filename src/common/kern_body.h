@@ -4,7 +4,9 @@
  *   vf_fma(a, b, c) = a*b + c, vf_max(a, b) / vf_min(a, b) (b when either is NaN),
  *   vf_sel_eq(x, y, a, b) = x == y ? a : b, vf_sel_ne0(p, a) = p != 0 ? a : 0,
  *   vf_bits/vf_from_bits (reinterpret), vi_add_shl23(u, k) = (u + k) << 23,
- *   vf_load_f16(const uint16_t *), vf_store_f16(uint16_t *, vf).
+ *   vf_load_f16(const uint16_t *), vf_store_f16(uint16_t *, vf),
+ *   vf_sum8(const vf v[8]): lane i = ((v_i0 + v_i1) + (v_i2 + v_i3)) +
+ *   ((v_i4 + v_i5) + (v_i6 + v_i7)), the order of AVX's hadd tree.
  * Nothing here depends on the ISA otherwise, so both paths share every
  * summation order and differ only in FMA contraction. */
 #include <math.h>
@@ -301,6 +303,43 @@ static float SFX(rowdot)(const float *a, const float *b, int64_t n) {
   return t[0];
 }
 
+/* ---- decode: row-wise online softmax ------------------------------------- */
+
+static void SFX(softmax_step_rows)(float *S, int64_t lds, int64_t nr, int64_t n, float *m, float *l,
+                                   float *alpha) {
+  for (int64_t r = 0; r < nr; r++) {
+    float *s = S + r * lds;
+    vf mx = vf_set1(m[r]), mx2 = mx;
+    int64_t j = 0;
+    for (; j + 2 * FA_VL <= n; j += 2 * FA_VL) {
+      mx = vf_max(vf_load(s + j), mx);
+      mx2 = vf_max(vf_load(s + j + FA_VL), mx2);
+    }
+    if (j < n) mx = vf_max(vf_load(s + j), mx);
+    const float mn = SFX(hmax)(vf_max(mx2, mx)), mref = mn == -INFINITY ? 0.0f : mn;
+    const vf vmr = vf_set1(mref);
+    vf sum = vf_set1(0.0f), sum2 = sum;
+    for (j = 0; j + 2 * FA_VL <= n; j += 2 * FA_VL) {
+      const vf p0 = SFX(vexp)(vf_sub(vf_load(s + j), vmr));
+      const vf p1 = SFX(vexp)(vf_sub(vf_load(s + j + FA_VL), vmr));
+      vf_store(s + j, p0);
+      vf_store(s + j + FA_VL, p1);
+      sum = vf_add(sum, p0);
+      sum2 = vf_add(sum2, p1);
+    }
+    if (j < n) {
+      const vf p0 = SFX(vexp)(vf_sub(vf_load(s + j), vmr));
+      vf_store(s + j, p0);
+      sum = vf_add(sum, p0);
+    }
+    float al[FA_VL];
+    vf_store(al, SFX(vexp)(vf_set1(m[r] - mref)));
+    alpha[r] = al[0];
+    l[r] = al[0] * l[r] + SFX(hsum)(vf_add(sum, sum2));
+    m[r] = mn;
+  }
+}
+
 /* ---- loads and stores ----------------------------------------------------- */
 
 /* 8 elements of a storage row to float32 (f16 through vf_load_f16). */
@@ -351,6 +390,237 @@ static void SFX(load_panels_t)(float *dst, int bw, int64_t dps, const void *src,
   }
 }
 
+/* One row of d elements to float32, zero-padded to a whole vector; the
+ * dtype's loop is chosen once per row, not per vector. */
+static inline void SFX(conv_row)(float *dst, const char *src, fa_dtype dt, int64_t d) {
+  const int64_t dv = d / FA_VL * FA_VL;
+  int64_t c = 0;
+  if (dt == FA_DTYPE_F16)
+    for (; c < dv; c += FA_VL) vf_store(dst + c, vf_load_f16((const uint16_t *)src + c));
+  else if (dt == FA_DTYPE_F32)
+    for (; c < dv; c += FA_VL) vf_store(dst + c, vf_load((const float *)src + c));
+  if (c < d) /* row-major: one panel as wide as any row */
+    SFX(load_row)
+  (dst + c, FA_MAX_HEADDIM + FA_VL, 0, src + c * (int64_t)fa_dtype_size(dt), dt, d - c);
+}
+
+static void SFX(load_kv)(float *K, float *V, int64_t ld, const void *k, int64_t ks, const void *v,
+                         int64_t vs, fa_dtype dt, int64_t nr, int64_t d, int64_t pf, int64_t npf) {
+  const int64_t bytes = d * (int64_t)fa_dtype_size(dt);
+  const char *kc = (const char *)k, *vc = (const char *)v;
+  for (int64_t r = 0; r < nr; r++) {
+    if (r + pf < npf)
+      for (int64_t o = 0; o < bytes; o += 64) {
+        __builtin_prefetch(kc + (r + pf) * ks + o);
+        __builtin_prefetch(vc + (r + pf) * vs + o);
+      }
+    SFX(conv_row)(K + r * ld, kc + r * ks, dt, d);
+    SFX(conv_row)(V + r * ld, vc + r * vs, dt, d);
+  }
+}
+
+static inline vf SFX(load_kv8)(const void *row, int64_t c, fa_dtype dt) {
+  return dt == FA_DTYPE_F16 ? vf_load_f16((const uint16_t *)row + c)
+                            : vf_load((const float *)row + c);
+}
+
+static inline void SFX(prefetch_row)(const char *row, int64_t bytes) {
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(row + o);
+}
+
+/* RG query rows x 8/RG keys of dots_kv: lane rl*(8/RG) + kl of the result is
+ * row rl against key kl, each K vector converted once for the RG rows. */
+static inline __attribute__((always_inline)) vf SFX(dots_tile)(const int RG, const float *q,
+                                                               int64_t ldq, const char *const *kr,
+                                                               int64_t d, fa_dtype dt) {
+  const int KG = FA_VL / RG;
+  vf acc[FA_VL];
+#pragma GCC unroll 8
+  for (int t = 0; t < FA_VL; t++) acc[t] = vf_set1(0.0f);
+  for (int64_t c = 0; c < d; c += FA_VL) {
+    vf kv[FA_VL];
+#pragma GCC unroll 8
+    for (int kl = 0; kl < KG; kl++) kv[kl] = SFX(load_kv8)(kr[kl], c, dt);
+#pragma GCC unroll 4
+    for (int rl = 0; rl < RG; rl++) {
+      const vf x = vf_load(q + rl * ldq + c);
+#pragma GCC unroll 8
+      for (int kl = 0; kl < KG; kl++) acc[rl * KG + kl] = vf_fma(x, kv[kl], acc[rl * KG + kl]);
+    }
+  }
+  return vf_sum8(acc);
+}
+
+#define KB_DT(RG)                                                                               \
+  static void SFX(dots_tile##RG)(const float *q, int64_t ldq, const char *const *kr, int64_t d, \
+                                 fa_dtype dt, float *out) {                                     \
+    vf_store(out, dt == FA_DTYPE_F16 ? SFX(dots_tile)(RG, q, ldq, kr, d, FA_DTYPE_F16)          \
+                                     : SFX(dots_tile)(RG, q, ldq, kr, d, FA_DTYPE_F32));        \
+  }
+KB_DT(1)
+KB_DT(2)
+KB_DT(4)
+#undef KB_DT
+
+static void SFX(dots_kv)(int64_t m, int64_t n, int64_t d, const float *Q, int64_t ldq,
+                         const void *k, int64_t ks, fa_dtype dt, float *S, int64_t lds, float alpha,
+                         int64_t pf, int64_t npf) {
+  const char *kc = (const char *)k;
+  const int64_t bytes = d * (int64_t)fa_dtype_size(dt);
+  for (int64_t r0 = 0; r0 < m;) {
+    const int RG = m - r0 >= 4 ? 4 : m - r0 >= 2 ? 2 : 1, KG = FA_VL / RG;
+    for (int64_t j0 = 0; j0 < n; j0 += KG) {
+      const char *kr[FA_VL];
+      for (int t = 0; t < KG; t++) { /* past n: repeat the last row, discarded */
+        kr[t] = kc + (j0 + t < n ? j0 + t : n - 1) * ks;
+        if (r0 == 0 && j0 + t + pf < npf) SFX(prefetch_row)(kc + (j0 + t + pf) * ks, bytes);
+      }
+      const float *q = Q + r0 * ldq;
+      float t8[FA_VL];
+      if (RG == 4)
+        SFX(dots_tile4)(q, ldq, kr, d, dt, t8);
+      else if (RG == 2)
+        SFX(dots_tile2)(q, ldq, kr, d, dt, t8);
+      else
+        SFX(dots_tile1)(q, ldq, kr, d, dt, t8);
+      for (int rl = 0; rl < RG; rl++)
+        for (int kl = 0; kl < KG && j0 + kl < n; kl++)
+          S[(r0 + rl) * lds + j0 + kl] = alpha * t8[rl * KG + kl];
+    }
+    r0 += RG;
+  }
+}
+
+/* Columns [c0, c0 + 8*CG) of one O row += P_j V_j over keys [a, b). */
+static inline __attribute__((always_inline)) void SFX(pv_kv_cols)(
+    const int CG, const float *p, const char *vc, int64_t vs, fa_dtype dt, float *o, float s,
+    int64_t a, int64_t b, int64_t c0, int64_t bytes, int64_t pf, int64_t npf) {
+  vf acc[8];
+  const vf vs1 = vf_set1(s);
+#pragma GCC unroll 8
+  for (int t = 0; t < CG; t++) acc[t] = vf_mul(vf_load(o + c0 + FA_VL * t), vs1);
+  for (int64_t j = a; j < b; j++) {
+    if (j + pf < npf && c0 == 0) SFX(prefetch_row)(vc + (j + pf) * vs, bytes);
+    const vf pj = vf_set1(p[j]);
+    const char *row = vc + j * vs;
+#pragma GCC unroll 8
+    for (int t = 0; t < CG; t++)
+      acc[t] = vf_fma(pj, SFX(load_kv8)(row, c0 + FA_VL * t, dt), acc[t]);
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < CG; t++) vf_store(o + c0 + FA_VL * t, acc[t]);
+}
+
+#define KB_PVC(CG)                                                                         \
+  static void SFX(pv_kv_cols##CG)(const float *p, const char *vc, int64_t vs, fa_dtype dt, \
+                                  float *o, float s, int64_t a, int64_t b, int64_t c0,     \
+                                  int64_t bytes, int64_t pf, int64_t npf) {                \
+    if (dt == FA_DTYPE_F16)                                                                \
+      SFX(pv_kv_cols)(CG, p, vc, vs, FA_DTYPE_F16, o, s, a, b, c0, bytes, pf, npf);        \
+    else                                                                                   \
+      SFX(pv_kv_cols)(CG, p, vc, vs, FA_DTYPE_F32, o, s, a, b, c0, bytes, pf, npf);        \
+  }
+KB_PVC(1)
+KB_PVC(2)
+KB_PVC(3)
+KB_PVC(4)
+KB_PVC(5)
+KB_PVC(6)
+KB_PVC(7)
+KB_PVC(8)
+#undef KB_PVC
+
+typedef void (*SFX(pvc_fn))(const float *, const char *, int64_t, fa_dtype, float *, float, int64_t,
+                            int64_t, int64_t, int64_t, int64_t, int64_t);
+static const SFX(pvc_fn) SFX(pvcs)[9] = {NULL,
+                                         SFX(pv_kv_cols1),
+                                         SFX(pv_kv_cols2),
+                                         SFX(pv_kv_cols3),
+                                         SFX(pv_kv_cols4),
+                                         SFX(pv_kv_cols5),
+                                         SFX(pv_kv_cols6),
+                                         SFX(pv_kv_cols7),
+                                         SFX(pv_kv_cols8)};
+
+/* RG rows x CG column vectors of O += P V over keys [0, n), each V vector
+ * converted once for the RG rows (RG * CG <= 12 accumulators). */
+static inline __attribute__((always_inline)) void SFX(pv_tile)(
+    const int RG, const int CG, const float *P, int64_t ldp, const char *vc, int64_t vs,
+    fa_dtype dt, float *O, int64_t ldo, const float *rowscale, int64_t n, int64_t c0) {
+  vf acc[4][6];
+#pragma GCC unroll 4
+  for (int rl = 0; rl < RG; rl++) {
+    const vf s1 = vf_set1(rowscale ? rowscale[rl] : 1.0f);
+#pragma GCC unroll 6
+    for (int t = 0; t < CG; t++) acc[rl][t] = vf_mul(vf_load(O + rl * ldo + c0 + FA_VL * t), s1);
+  }
+  for (int64_t j = 0; j < n; j++) {
+    vf vv[6];
+    const char *row = vc + j * vs;
+#pragma GCC unroll 6
+    for (int t = 0; t < CG; t++) vv[t] = SFX(load_kv8)(row, c0 + FA_VL * t, dt);
+#pragma GCC unroll 4
+    for (int rl = 0; rl < RG; rl++) {
+      const vf pj = vf_set1(P[rl * ldp + j]);
+#pragma GCC unroll 6
+      for (int t = 0; t < CG; t++) acc[rl][t] = vf_fma(pj, vv[t], acc[rl][t]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int rl = 0; rl < RG; rl++)
+#pragma GCC unroll 6
+    for (int t = 0; t < CG; t++) vf_store(O + rl * ldo + c0 + FA_VL * t, acc[rl][t]);
+}
+
+#define KB_PVT(RG, CG)                                                                    \
+  static void SFX(pv_tile##RG)(const float *P, int64_t ldp, const char *vc, int64_t vs,   \
+                               fa_dtype dt, float *O, int64_t ldo, const float *rowscale, \
+                               int64_t n, int64_t c0) {                                   \
+    if (dt == FA_DTYPE_F16)                                                               \
+      SFX(pv_tile)(RG, CG, P, ldp, vc, vs, FA_DTYPE_F16, O, ldo, rowscale, n, c0);        \
+    else                                                                                  \
+      SFX(pv_tile)(RG, CG, P, ldp, vc, vs, FA_DTYPE_F32, O, ldo, rowscale, n, c0);        \
+  }
+KB_PVT(2, 6)
+KB_PVT(4, 3)
+#undef KB_PVT
+
+static void SFX(pv_kv)(int64_t m, int64_t n, int64_t d, const float *P, int64_t ldp, const void *v,
+                       int64_t vs, fa_dtype dt, float *O, int64_t ldo, const float *rowscale,
+                       const int32_t *lo, const int32_t *hi, int64_t pf, int64_t npf) {
+  const int64_t bytes = d * (int64_t)fa_dtype_size(dt);
+  int64_t r = 0;
+  if (!lo && m > 1) { /* row groups share each V vector; a row's columns past whole groups below */
+    for (int64_t j = 0; j < npf - pf && j < n; j++)
+      SFX(prefetch_row)((const char *)v + (j + pf) * vs, bytes);
+    pf = 0, npf = 0;
+    for (; r + 2 <= m; r += m - r >= 4 ? 4 : 2) {
+      const int RG = m - r >= 4 ? 4 : 2, CG = RG == 4 ? 3 : 6;
+      int64_t c0 = 0;
+      for (; c0 + CG * FA_VL <= d; c0 += CG * FA_VL)
+        (RG == 4 ? SFX(pv_tile4) : SFX(pv_tile2))(P + r * ldp, ldp, (const char *)v, vs, dt,
+                                                  O + r * ldo, ldo, rowscale ? rowscale + r : NULL,
+                                                  n, c0);
+      for (int64_t rr = r; rr < r + RG && c0 < d; rr++)
+        for (int64_t c1 = c0; c1 < d; c1 += 8 * FA_VL) {
+          const int cg = (int)((d - c1 < 8 * FA_VL ? d - c1 : 8 * FA_VL) / FA_VL);
+          SFX(pvcs)
+          [cg](P + rr * ldp, (const char *)v, vs, dt, O + rr * ldo, rowscale ? rowscale[rr] : 1.0f,
+               0, n, c1, bytes, 0, 0);
+        }
+    }
+  }
+  for (; r < m; r++) {
+    const int64_t a = lo ? lo[r] : 0, b = hi ? hi[r] : n;
+    for (int64_t c0 = 0; c0 < d; c0 += 8 * FA_VL) {
+      const int cg = (int)((d - c0 < 8 * FA_VL ? d - c0 : 8 * FA_VL) / FA_VL);
+      SFX(pvcs)
+      [cg](P + r * ldp, (const char *)v, vs, dt, O + r * ldo, rowscale ? rowscale[r] : 1.0f, a, b,
+           c0, bytes, r == 0 ? pf : npf, npf);
+    }
+  }
+}
+
 static void SFX(store_row)(void *dst, const float *src, float s, fa_dtype dt, int64_t n) {
   const vf vs = vf_set1(s);
   int64_t i = 0;
@@ -371,5 +641,6 @@ static void SFX(store_row)(void *dst, const float *src, float s, fa_dtype dt, in
 const fa_kern SFX(fa_kern) = {
     KB_ISA,         SFX(gemm),     SFX(softmax_cols), SFX(softmax_rows),
     SFX(exp_rows),  SFX(dsoftmax), SFX(load_panels),  SFX(load_panels_t),
-    SFX(store_row), SFX(rowdot),   SFX(exp),
+    SFX(store_row), SFX(rowdot),   SFX(exp),          SFX(softmax_step_rows),
+    SFX(load_kv),   SFX(dots_kv),  SFX(pv_kv),
 };

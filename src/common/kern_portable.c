@@ -44,6 +44,14 @@ static inline void vf_store_f16(uint16_t *p, vf v) {
   for (int i = 0; i < 8; i++) p[i] = fa_f32_to_f16(v[i]);
 }
 
+static inline vf vf_sum8(const vf *v) {
+  vf r;
+  for (int i = 0; i < 8; i++)
+    r[i] =
+        ((v[i][0] + v[i][1]) + (v[i][2] + v[i][3])) + ((v[i][4] + v[i][5]) + (v[i][6] + v[i][7]));
+  return r;
+}
+
 #define SFX(name) name##_portable
 #define KB_ISA "portable"
 #include "common/kern_body.h"

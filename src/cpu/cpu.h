@@ -23,6 +23,13 @@ static inline void cpu_cache_sizes(int64_t *l1, int64_t *l2) {
 #if defined(_SC_LEVEL1_DCACHE_SIZE) && defined(_SC_LEVEL2_CACHE_SIZE)
   a = sysconf(_SC_LEVEL1_DCACHE_SIZE);
   b = sysconf(_SC_LEVEL2_CACHE_SIZE);
+/* Decode path (cpu/decode.c): FLASH2 forward when every K/V head has at most
+ * CPU_DECODE_ROWS query rows (Nq * group); fa_cpu_forward dispatches to it. */
+#define CPU_DECODE_ROWS 16
+  int cpu_decode_applies(const fa_problem *pb);
+  size_t cpu_decode_workspace(const fa_problem *pb);
+  fa_status cpu_decode_forward(const fa_problem *pb);
+
 #endif
   *l1 = a >= 16384 ? a : 32768;
   *l2 = b >= 131072 ? b : 524288;
@@ -226,5 +233,12 @@ static inline void cpu_dropout_apply(const cpu_ctx *c, const cpu_unit *u, float 
         X[t * rs + (q - c0) * cs] *= r.v[q & 3] >= c->drop.threshold ? ks : 0.0f;
     }
 }
+
+/* Decode path (cpu/decode.c): FLASH2 forward when every K/V head has at most
+ * CPU_DECODE_ROWS query rows (Nq * group); fa_cpu_forward dispatches to it. */
+#define CPU_DECODE_ROWS 16
+int cpu_decode_applies(const fa_problem *pb);
+size_t cpu_decode_workspace(const fa_problem *pb);
+fa_status cpu_decode_forward(const fa_problem *pb);
 
 #endif

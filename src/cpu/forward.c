@@ -217,6 +217,7 @@ static void fwd_chunk(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t 
 }
 
 size_t fa_cpu_forward_workspace(const fa_problem *pb) {
+  if (cpu_decode_applies(pb)) return cpu_decode_workspace(pb);
   cpu_ctx c;
   fwd_ctx(&c, pb);
   const fwd_sched s = fwd_schedule(&c);
@@ -224,6 +225,7 @@ size_t fa_cpu_forward_workspace(const fa_problem *pb) {
 }
 
 fa_status fa_cpu_forward(const fa_problem *pb) {
+  if (cpu_decode_applies(pb)) return cpu_decode_forward(pb);
   cpu_ctx c;
   fwd_ctx(&c, pb);
   const fwd_sched s = fwd_schedule(&c);

@@ -1,0 +1,268 @@
+/* CPU FlashAttention-2 forward for decode shapes: few query rows per K/V head
+ * (Nq * group <= CPU_DECODE_ROWS), where the tile path's 8- and 16-wide query
+ * panels would sit mostly empty and its per-tile overhead would hide the one
+ * job left, streaming K and V from memory once.
+ *
+ * The keys of each sequence are cut into a fixed number of splits chosen from
+ * the problem alone (never from the thread count), so results are bitwise the
+ * same on any number of threads. A work unit is one split of one sequence,
+ * every K/V head: block by block (DEC_BK keys), head by head, so (B, N, H, D)
+ * storage streams contiguously. Per head and block: S = Q K^T by dot products
+ * along D for every query row of the head's GQA group (they share each K row),
+ * the online softmax along the rows, O += P V; f32 and f16 K/V (D a multiple
+ * of 8) are converted in registers, other cases into float32 rows first.
+ * Each (split, head) leaves its unnormalised O and (m, l) in the workspace; a
+ * second pass combines the splits of each row in split order: M = max m_s,
+ * L = sum e^(m_s - M) l_s, O = sum e^(m_s - M) O_s / L, lse = M + log L.
+ *
+ * Rows of a head are head-major: row g*nq + i is query i of query head
+ * hk*group + g, so softcap, ALiBi, block masks and dropout apply per query
+ * head on row blocks as in the tile path.
+ *
+ * Workspace (floats, each buffer rounded up to 64 bytes), rows = Nq * group:
+ * per thread Q (Hk x rows x Dp), K and V (DEC_BK x Dp), S (rows x DEC_BK),
+ * alpha and two int32 ranges (rows), Hk head records; per (sequence, split,
+ * K/V head) O (rows x Dp), m and l (rows): O(rows * D) per split and head. */
+#include <omp.h>
+
+#include "cpu/cpu.h"
+
+enum {
+  DEC_BK = 32,         /* keys per block: K and V of one block stay in L1 */
+  DEC_MIN_SPLIT = 512, /* keys per split at least, so the combine stays small */
+  DEC_MAX_SPLITS = 16, /* splits per (sequence, K/V head) at most */
+  DEC_PREFETCH = 16    /* keys ahead that each row load prefetches (measured best) */
+};
+
+int cpu_decode_applies(const fa_problem *pb) {
+  return pb->params->algorithm == FA_ALGO_FLASH2 && pb->max_seqlen_q >= 1 &&
+         pb->max_seqlen_q * pb->group <= CPU_DECODE_ROWS;
+}
+
+typedef struct dec_plan {
+  int64_t nq, rows; /* query rows per sequence (the longest) and per unit */
+  int64_t split;    /* keys per split, a multiple of DEC_BK */
+  int64_t nsplit;   /* splits per (sequence, K/V head) */
+  int64_t units;
+  int nt;
+} dec_plan;
+
+static dec_plan dec_make_plan(const fa_problem *pb) {
+  dec_plan p;
+  p.nq = pb->max_seqlen_q;
+  p.rows = p.nq * pb->group;
+  const int64_t nk = cpu_max(1, pb->max_seqlen_k);
+  p.split = cpu_max(DEC_MIN_SPLIT, fa_round_up(cpu_cdiv(nk, DEC_MAX_SPLITS), DEC_BK));
+  p.nsplit = cpu_cdiv(nk, p.split);
+  p.units = pb->batch * p.nsplit;
+  p.nt = cpu_threads(pb, p.units);
+  return p;
+}
+
+typedef struct dec_state {
+  float *O, *m, *l;
+} dec_state;
+
+/* One split's view of a K/V head: its query heads' units and rows. */
+typedef struct dec_head {
+  cpu_unit u[CPU_DECODE_ROWS];
+  const float *Q; /* rows x Dp */
+  dec_state st;
+} dec_head;
+
+typedef struct dec_bufs {
+  float *Q, *K, *V, *S, *alpha;
+  int32_t *klo, *khi;
+  dec_head *heads;
+} dec_bufs;
+
+static size_t dec_thread_layout(const cpu_ctx *c, const dec_plan *p, char *base, dec_bufs *b) {
+  cpu_carver cv = {base, 0};
+  dec_bufs t;
+  t.Q = cpu_take(&cv, c->pb->heads_k * p->rows * c->Dp);
+  t.K = cpu_take(&cv, DEC_BK * c->Dp);
+  t.V = cpu_take(&cv, DEC_BK * c->Dp);
+  t.S = cpu_take(&cv, p->rows * DEC_BK);
+  t.alpha = cpu_take(&cv, p->rows);
+  t.klo = (int32_t *)cpu_take(&cv, p->rows);
+  t.khi = (int32_t *)cpu_take(&cv, p->rows);
+  t.heads = (dec_head *)cpu_take(
+      &cv, cpu_cdiv(c->pb->heads_k * (int64_t)sizeof(dec_head), sizeof(float)));
+  if (b) *b = t;
+  return cv.off;
+}
+
+static size_t dec_state_layout(const cpu_ctx *c, const dec_plan *p, char *base, dec_state *st) {
+  cpu_carver cv = {base, 0};
+  dec_state t;
+  t.O = cpu_take(&cv, p->rows * c->Dp);
+  t.m = cpu_take(&cv, p->rows);
+  t.l = cpu_take(&cv, p->rows);
+  if (st) *st = t;
+  return cv.off;
+}
+
+static void dec_ctx(cpu_ctx *c, const fa_problem *pb) { cpu_ctx_init(c, pb, 2, 2, 1); }
+
+size_t cpu_decode_workspace(const fa_problem *pb) {
+  cpu_ctx c;
+  dec_ctx(&c, pb);
+  const dec_plan p = dec_make_plan(pb);
+  return (size_t)p.nt * dec_thread_layout(&c, &p, NULL, NULL) +
+         (size_t)(p.units * pb->heads_k) * dec_state_layout(&c, &p, NULL, NULL);
+}
+
+/* Keys [c0, c0+nc) of K/V head hk into its rows' O, m, l. */
+static void dec_block(const cpu_ctx *c, dec_bufs *b, dec_head *hd, int64_t hk, int64_t c0,
+                      int64_t nc, int64_t kend) {
+  const fa_problem *pb = c->pb;
+  const int64_t Dp = c->Dp, G = pb->group;
+  const fa_seq *sq = &hd->u[0].sq;
+  const fa_mask *mk = &hd->u[0].mk;
+  const int64_t nq = sq->nq, rows = nq * G;
+  int blocks[CPU_DECODE_ROWS], needed = 0;
+  for (int64_t g = 0; g < G; g++) {
+    blocks[g] = cpu_block_tile(c, &hd->u[g], 0, nq, c0, nc);
+    needed |= blocks[g] != CPU_BLOCKS_NONE;
+  }
+  if (!needed) return;
+  /* K and V straight from storage (f32, f16 with whole vectors), else
+   * converted to float32 rows in b->K, b->V first */
+  const int direct = (pb->dtype == FA_DTYPE_F32 || pb->dtype == FA_DTYPE_F16) && c->D == Dp;
+  const int64_t ks = pb->k.stride_seq * (int64_t)c->esize,
+                vs = pb->v.stride_seq * (int64_t)c->esize;
+  const char *k = cpu_row(c, &pb->k, sq->kb, sq->k0 + c0, hk);
+  const char *v = cpu_row(c, &pb->v, sq->kb, sq->k0 + c0, hk);
+  const fa_dtype kdt = direct ? pb->dtype : FA_DTYPE_F32;
+  const int64_t kvs = direct ? 0 : Dp * (int64_t)sizeof(float), npf = direct ? kend - c0 : 0;
+  if (!direct)
+    c->kn->load_kv(b->K, b->V, Dp, k, ks, v, vs, pb->dtype, nc, c->D, DEC_PREFETCH, kend - c0);
+  c->kn->dots_kv(rows, nc, Dp, hd->Q, Dp, direct ? k : (const char *)b->K, direct ? ks : kvs, kdt,
+                 b->S, DEC_BK, c->scale, DEC_PREFETCH, npf);
+  const int partial = cpu_tile_partial(mk, 0, nq, c0, nc);
+  if (partial) cpu_mask_ranges(mk, b->klo, b->khi, 0, nq, c0, nc);
+  for (int64_t g = 0; g < G; g++) {
+    float *Sg = b->S + g * nq * DEC_BK;
+    if (c->cap > 0.0f) tile_softcap(Sg, DEC_BK, nq, nc, c->cap, NULL);
+    if (hd->u[g].slope != 0.0f) tile_alibi(Sg, DEC_BK, nq, nc, hd->u[g].slope, sq->nk - nq, c0);
+    if (blocks[g] == CPU_BLOCKS_SOME) cpu_block_fill(c, &hd->u[g], Sg, DEC_BK, 1, 0, nq, c0, nc);
+    if (blocks[g] == CPU_BLOCKS_NONE) tile_fill(Sg, DEC_BK, nq, nc, -INFINITY);
+    if (partial) {
+      cpu_mask_fill(Sg, DEC_BK, nq, nc, b->klo, b->khi);
+      if (g > 0) /* every head's rows see the same keys */
+        for (int64_t i = 0; i < nq; i++) {
+          b->klo[g * nq + i] = b->klo[i];
+          b->khi[g * nq + i] = b->khi[i];
+        }
+    }
+  }
+  const int64_t ncp = fa_round_up(nc, FA_VL);
+  if (ncp > nc) tile_fill(b->S + nc, DEC_BK, rows, ncp - nc, -INFINITY);
+  c->kn->softmax_step_rows(b->S, DEC_BK, rows, ncp, hd->st.m, hd->st.l, b->alpha);
+  /* dropout after l: the normaliser (and lse) is that of the undropped P */
+  if (pb->params->dropout_p > 0.0f)
+    for (int64_t g = 0; g < G; g++)
+      cpu_dropout_apply(c, &hd->u[g], b->S + g * nq * DEC_BK, DEC_BK, 1, 0, nq, c0, nc);
+  c->kn->pv_kv(rows, nc, Dp, b->S, DEC_BK, direct ? v : (const char *)b->V, direct ? vs : kvs, kdt,
+               hd->st.O, Dp, b->alpha, partial ? b->klo : NULL, partial ? b->khi : NULL,
+               DEC_PREFETCH, npf);
+}
+
+/* Split sp of sequence s, every K/V head: block by block, the heads of a
+ * block in turn, so that in (B, N, H, D) storage the keys stream through
+ * memory contiguously (one head at a time would read 1/H of each key row
+ * and leave the rest of every DRAM page and prefetched line to waste). */
+static void dec_split(const cpu_ctx *c, const dec_plan *p, dec_bufs *b, char *states, size_t sslice,
+                      int64_t s, int64_t sp) {
+  const fa_problem *pb = c->pb;
+  const int64_t Dp = c->Dp, G = pb->group, Hk = pb->heads_k;
+  const fa_seq sq = fa_problem_seq(pb, s);
+  const int64_t nq = sq.nq;
+  dec_head *hd = b->heads;
+  for (int64_t hk = 0; hk < Hk; hk++) {
+    dec_state_layout(c, p, states + (size_t)((s * Hk + hk) * p->nsplit + sp) * sslice, &hd[hk].st);
+    tile_fill(hd[hk].st.O, Dp, p->rows, Dp, 0.0f);
+    tile_fill(hd[hk].st.m, 1, p->rows, 1, -INFINITY);
+    tile_fill(hd[hk].st.l, 1, p->rows, 1, 0.0f);
+  }
+  if (nq == 0) return;
+  int64_t klo, khi;
+  const fa_mask mk = fa_mask_make(nq, sq.nk, pb->params->causal, pb->params->window_enabled,
+                                  pb->params->window_left, pb->params->window_right);
+  fa_mask_block_range(&mk, 0, nq, &klo, &khi);
+  klo = cpu_max(klo, sp * p->split);
+  khi = cpu_min(khi, (sp + 1) * p->split);
+  if (klo >= khi) return;
+  for (int64_t hk = 0; hk < Hk; hk++) {
+    float *Q = b->Q + hk * p->rows * Dp;
+    hd[hk].Q = Q;
+    for (int64_t g = 0; g < G; g++) {
+      cpu_unit_init(&hd[hk].u[g], c, s, hk * G + g);
+      for (int64_t i = 0; i < nq; i++)
+        c->kn->load_panels(Q + (g * nq + i) * Dp, (int)Dp, 0,
+                           cpu_row(c, &pb->q, sq.qb, sq.q0 + i, hk * G + g),
+                           pb->q.stride_seq * (int64_t)c->esize, pb->dtype, 1, c->D);
+    }
+  }
+  for (int64_t c0 = klo; c0 < khi; c0 += DEC_BK)
+    for (int64_t hk = 0; hk < Hk; hk++)
+      dec_block(c, b, &hd[hk], hk, c0, cpu_min(DEC_BK, khi - c0), khi);
+}
+
+/* Rows of (sequence s, K/V head hk): the splits combined in split order, O
+ * and lse stored. */
+static void dec_combine(const cpu_ctx *c, const dec_plan *p, char *states, size_t sslice, int64_t s,
+                        int64_t hk) {
+  const fa_problem *pb = c->pb;
+  const int64_t Dp = c->Dp, G = pb->group;
+  float acc[FA_MAX_HEADDIM + FA_VL];
+  const int64_t nq = fa_problem_seq(pb, s).nq, base = (s * pb->heads_k + hk) * p->nsplit;
+  for (int64_t g = 0; g < G && nq > 0; g++) {
+    cpu_unit u;
+    cpu_unit_init(&u, c, s, hk * G + g);
+    for (int64_t i = 0; i < nq; i++) {
+      const int64_t r = g * nq + i;
+      float M = -INFINITY, L = 0.0f;
+      for (int64_t sp = 0; sp < p->nsplit; sp++) {
+        dec_state st;
+        dec_state_layout(c, p, states + (size_t)(base + sp) * sslice, &st);
+        if (st.l[r] != 0.0f && st.m[r] > M) M = st.m[r];
+      }
+      const float mref = M == -INFINITY ? 0.0f : M;
+      for (int64_t d = 0; d < Dp; d++) acc[d] = 0.0f;
+      for (int64_t sp = 0; sp < p->nsplit; sp++) {
+        dec_state st;
+        dec_state_layout(c, p, states + (size_t)(base + sp) * sslice, &st);
+        if (st.l[r] == 0.0f) continue; /* saw no key (m may be -inf) */
+        const float w = expf(st.m[r] - mref);
+        L += w * st.l[r];
+        const float *o = st.O + r * Dp;
+        for (int64_t d = 0; d < Dp; d++) acc[d] += w * o[d];
+      }
+      void *dst = cpu_row(c, &pb->o, u.sq.qb, u.sq.q0 + i, u.h);
+      c->kn->store_row(dst, acc, L == 0.0f ? 0.0f : 1.0f / L, pb->dtype, c->D);
+      if (pb->lse) pb->lse[cpu_lse_index(&u, i)] = L == 0.0f ? -INFINITY : M + logf(L);
+    }
+  }
+}
+
+fa_status cpu_decode_forward(const fa_problem *pb) {
+  cpu_ctx c;
+  dec_ctx(&c, pb);
+  const dec_plan p = dec_make_plan(pb);
+  const size_t tslice = dec_thread_layout(&c, &p, NULL, NULL);
+  const size_t sslice = dec_state_layout(&c, &p, NULL, NULL);
+  char *states = (char *)pb->workspace + (size_t)p.nt * tslice;
+#pragma omp parallel num_threads(p.nt)
+  {
+    dec_bufs b;
+    dec_thread_layout(&c, &p, (char *)pb->workspace + (size_t)omp_get_thread_num() * tslice, &b);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t w = 0; w < p.units; w++)
+      dec_split(&c, &p, &b, states, sslice, w / p.nsplit, w % p.nsplit);
+#pragma omp for schedule(static)
+    for (int64_t sh = 0; sh < pb->batch * pb->heads_k; sh++)
+      dec_combine(&c, &p, states, sslice, sh / pb->heads_k, sh % pb->heads_k);
+  }
+  return FA_OK;
+}

@@ -3,31 +3,38 @@
  * oracle every test compares against; in f32/f16/bf16 it is the baseline every
  * benchmark compares against (P is rounded to the storage type, as Algorithm 0
  * writes it to memory). The generic body lives in standard_impl.h, compiled
- * once per accumulation type. */
+ * once per accumulation type; the float32 forward is standard_fast.c's blocked
+ * one (the float32 body here serves the backward). */
 #include <math.h>
 #include <omp.h>
-#include <stdlib.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
 #include "common/convert.h"
 #include "common/mask.h"
 #include "common/philox.h"
+#include "ref/standard_fast.h"
 
 /* Rounds a P value to what the storage dtype can hold. */
 static inline float fa_round_to_storage(float x, fa_dtype dt) {
   switch (dt) {
-    case FA_DTYPE_F16: return fa_f16_to_f32(fa_f32_to_f16(x));
-    case FA_DTYPE_BF16: return fa_bf16_to_f32(fa_f32_to_bf16(x));
-    default: return x;
+    case FA_DTYPE_F16:
+      return fa_f16_to_f32(fa_f32_to_f16(x));
+    case FA_DTYPE_BF16:
+      return fa_bf16_to_f32(fa_f32_to_bf16(x));
+    default:
+      return x;
   }
 }
 
 static inline void fa_load_row_f64(double *dst, const void *src, fa_dtype dt, int64_t n) {
   int64_t i;
   switch (dt) {
-    case FA_DTYPE_F64: memcpy(dst, src, (size_t)n * sizeof(double)); break;
+    case FA_DTYPE_F64:
+      memcpy(dst, src, (size_t)n * sizeof(double));
+      break;
     case FA_DTYPE_F32:
       for (i = 0; i < n; i++) dst[i] = ((const float *)src)[i];
       break;
@@ -80,13 +87,13 @@ static size_t fa_align64(size_t n) { return (n + 63) & ~(size_t)63; }
 #include "standard_impl.h"
 
 size_t fa_ref_forward_workspace(const fa_problem *pb) {
-  return pb->dtype == FA_DTYPE_F64 ? ref_fwd_workspace_f64(pb) : ref_fwd_workspace_f32(pb);
+  return pb->dtype == FA_DTYPE_F64 ? ref_fwd_workspace_f64(pb) : fa_ref_fast_forward_workspace(pb);
 }
 size_t fa_ref_backward_workspace(const fa_problem *pb) {
   return pb->dtype == FA_DTYPE_F64 ? ref_bwd_workspace_f64(pb) : ref_bwd_workspace_f32(pb);
 }
 fa_status fa_ref_forward(const fa_problem *pb) {
-  return pb->dtype == FA_DTYPE_F64 ? ref_forward_f64(pb) : ref_forward_f32(pb);
+  return pb->dtype == FA_DTYPE_F64 ? ref_forward_f64(pb) : fa_ref_fast_forward(pb);
 }
 fa_status fa_ref_backward(const fa_problem *pb) {
   return pb->dtype == FA_DTYPE_F64 ? ref_backward_f64(pb) : ref_backward_f32(pb);

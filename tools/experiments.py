@@ -88,6 +88,11 @@ class Runner:
 def exp_seeds(R, out, plt):
     rows = R.cases(R.bench(["--repeat", "3" if not R.o.quick else "1"]))
     write_csv(os.path.join(out, "seeds.csv"), rows, CASE_FIELDS)
+    plot_seeds(rows, out, plt)
+    return rows
+
+
+def plot_seeds(rows, out, plt):
     if plt:
         fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
         for i, (key, label) in enumerate((("ms", "time (ms)"), ("extra_bytes", "extra memory (MiB)"))):
@@ -98,7 +103,6 @@ def exp_seeds(R, out, plt):
         fig.suptitle("Seeds' comparison (B=32, N=512, H=16, D=64, causal, f32, CPU)")
         fig.tight_layout()
         fig.savefig(os.path.join(out, "seeds.png"), dpi=110)
-    return rows
 
 
 def exp_fig3(R, out, plt):
@@ -111,7 +115,19 @@ def exp_fig3(R, out, plt):
                                  str(n), "--no-causal", "--repeat", "1", "--warmup", "0",
                                  "--max-time", "1"]))
     write_csv(os.path.join(out, "fig3.csv"), rows, CASE_FIELDS)
+    plot_fig3(rows, out, plt)
+    return rows
+
+
+def log_ticks(ax, xs):
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.minorticks_off()
+
+
+def plot_fig3(rows, out, plt):
     if plt:
+        ns = sorted({r["Nq"] for r in rows})
+        bn = rows[0]["Nq"] * rows[0]["B"] if rows else 0
         fig, ax = plt.subplots(1, 4, figsize=(16, 3.8))
         for i, ps in enumerate(("fwd", "bwd", "fwdbwd")):
             for impl in ("standard", "flash1", "flash2"):
@@ -121,6 +137,7 @@ def exp_fig3(R, out, plt):
                     ax[i].plot(*zip(*pts), marker="o", label=impl)
             ax[i].set(xscale="log", yscale="log", xlabel="sequence length", ylabel="ms",
                       title=ps)
+            log_ticks(ax[i], ns)
             ax[i].legend()
         for impl in ("standard", "flash1", "flash2"):
             pts = [(r["Nq"], r["extra_bytes"] / 2 ** 20) for r in rows
@@ -129,11 +146,11 @@ def exp_fig3(R, out, plt):
                 ax[3].plot(*zip(*pts), marker="o", label=impl)
         ax[3].set(xscale="log", yscale="log", xlabel="sequence length",
                   ylabel="extra MiB (fwd+bwd)", title="memory")
+        log_ticks(ax[3], ns)
         ax[3].legend()
         fig.suptitle("Figure 3 on the CPU: B·N = %d, H=16, D=64, f32" % bn)
         fig.tight_layout()
         fig.savefig(os.path.join(out, "fig3.png"), dpi=110)
-    return rows
 
 
 def io_bytes(impl, n, d, h, b, es, br, bc):
@@ -175,22 +192,31 @@ def exp_grid(R, out, plt):
     total = 16384 if not R.o.quick else 4096
     rows, peak = [], None
     first = True
+    # the peak is measured first and last; the higher one is kept (a busy machine measures low)
+    last = [(d, n, c) for d in (64, 128) for n in ns for c in ("--no-causal", "--causal")][-1]
     for d in (64, 128):
         for n in ns:
             args = ["--impl", "flash2", "--pass", "fwd,bwd,fwdbwd", "--batch",
                     str(max(1, total // n)), "--heads", str(2048 // d // 8), "--headdim", str(d),
                     "--seqlen", str(n), "--repeat", "1", "--warmup", "0", "--max-time", "1"]
             for causal in ("--no-causal", "--causal"):
-                got = R.bench(args + [causal] + (["--peak"] if first else []))
+                want_peak = first or (d, n, causal) == last
+                got = R.bench(args + [causal] + (["--peak"] if want_peak else []))
                 first = False
                 for r in got:
-                    if r.get("record") == "peak":
+                    if r.get("record") == "peak" and (
+                            peak is None or r["fma_gflops"] > peak["fma_gflops"]):
                         peak = r
                 rows += R.cases(got)
     write_csv(os.path.join(out, "grid.csv"), rows, CASE_FIELDS)
     if peak:
         with open(os.path.join(out, "peak.json"), "w") as f:
             json.dump(peak, f)
+    plot_grid(rows, peak, out, plt)
+    return rows
+
+
+def plot_grid(rows, peak, out, plt):
     if plt:
         fig, ax = plt.subplots(2, 3, figsize=(14, 6.5), sharey=True)
         for i, d in enumerate((64, 128)):
@@ -212,10 +238,44 @@ def exp_grid(R, out, plt):
         fig.suptitle("FlashAttention-2 grid on the CPU (flash2, f32)")
         fig.tight_layout()
         fig.savefig(os.path.join(out, "grid.png"), dpi=110)
-    return rows
 
 
 EXPERIMENTS = {"seeds": exp_seeds, "fig3": exp_fig3, "io": exp_io, "grid": exp_grid}
+
+
+def read_rows(path):
+    """A CSV written above, numbers and booleans restored."""
+    rows = []
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            for key, val in r.items():
+                if val in ("True", "False"):
+                    r[key] = val == "True"
+                else:
+                    try:
+                        r[key] = int(val)
+                    except ValueError:
+                        try:
+                            r[key] = float(val)
+                        except ValueError:
+                            pass
+            rows.append(r)
+    return rows
+
+
+def replot(out, names, plt):
+    for n in names:
+        path = os.path.join(out, n + ".csv")
+        if not os.path.exists(path) or n == "io":
+            continue
+        rows = read_rows(path)
+        if n == "seeds":
+            plot_seeds(rows, out, plt)
+        elif n == "fig3":
+            plot_fig3(rows, out, plt)
+        elif n == "grid":
+            pk = os.path.join(out, "peak.json")
+            plot_grid(rows, json.load(open(pk)) if os.path.exists(pk) else None, out, plt)
 STEPS = {"seeds": lambda q: 1, "fig3": lambda q: 6 if q else 8, "io": lambda q: 1,
          "grid": lambda q: 12 if q else 16}
 
@@ -227,11 +287,17 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "cpu"))
     ap.add_argument("--bench", default=os.path.join(ROOT, "build", "bin", "flashattn-bench"))
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--plot-only", action="store_true", help="redraw the PNGs from --out's CSVs")
     o = ap.parse_args()
     names = [n for n in o.only.split(",") if n]
     for n in names:
         if n not in EXPERIMENTS:
             ap.error("unknown experiment %r (have: %s)" % (n, ", ".join(EXPERIMENTS)))
+    if o.plot_only:
+        plt = plt_or_none()
+        if plt is None:
+            raise SystemExit("--plot-only needs matplotlib")
+        return replot(o.out, names, plt)
     if not os.access(o.bench, os.X_OK):
         ap.error("%s not found: build first (cmake -S . -B build && cmake --build build -j)"
                  % o.bench)

@@ -319,9 +319,6 @@ static fa_status make_problem(fa_pass pass, const fa_params *p, const fa_tensor 
     return FA_INVALID("q: heads (%lld) must be a multiple of k's heads (%lld)", (long long)q->heads,
                       (long long)k->heads);
   FA_TRY(check_params(p, q, k));
-  if ((p->dropout_p > 0 || p->block_mask) && p->device != FA_DEVICE_CPU)
-    return fa_set_error(FA_ERR_UNSUPPORTED, "params.%s: not implemented on the GPU yet (CPU only)",
-                        p->dropout_p > 0 ? "dropout_p > 0" : "block_mask");
   if (q->dtype == FA_DTYPE_F64 && !(p->device == FA_DEVICE_CPU && p->algorithm == FA_ALGO_STANDARD))
     return fa_set_error(FA_ERR_UNSUPPORTED,
                         "dtype f64 is only supported by the standard algorithm on the CPU");

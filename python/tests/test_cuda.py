@@ -1,5 +1,8 @@
 """CUDA path (skipped without a GPU or a CUDA build): forward against our CPU backend and
 against torch math in float64; backward where the CUDA backend has it."""
+import math
+
+import numpy as np
 import pytest
 
 from conftest import assert_close, needs_cuda, ref_attention, ref_varlen, rel_err
@@ -123,3 +126,67 @@ def test_compile_cuda():
                       fullgraph=True)
     q, k, v = _qkv(1, 64, 64, 2, 2, 64, torch.float16)
     assert torch.equal(f(q, k, v), flashattn.flash_attn_func(q, k, v, causal=True) + 1)
+
+
+def _masked_math(q, k, v, allowed, z=None):
+    """float64 softmax attention with an element mask (B, H, Nq, Nk) and dropout's Z."""
+    q, k, v = (x.double() for x in (q, k, v))
+    g = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(g, 2), v.repeat_interleave(g, 2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(~allowed, float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows that see nothing give 0
+    if z is not None:
+        p = p * z
+    return torch.einsum("bhqk,bkhd->bqhd", p, v)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
+def test_dropout_cuda_equals_cpu(dtype):
+    """The package draws the seed from torch's CPU generator: the same torch.manual_seed gives
+    the same Philox mask on both devices, which is flashattn.dropout_mask's."""
+    B, N, H, D, p = 2, 200, 4, 64, 0.2
+    q, k, v = _qkv(B, N, N, H, 2, D, dtype, grad=True)
+    torch.manual_seed(7)
+    seed = int(torch.randint(0, 2 ** 62, (1,), dtype=torch.int64).item())
+    torch.manual_seed(7)
+    out = flashattn.flash_attn_func(q, k, v, dropout_p=p, causal=True)
+    qc, kc, vc = (x.detach().cpu().requires_grad_() for x in (q, k, v))
+    torch.manual_seed(7)
+    cout = flashattn.flash_attn_func(qc, kc, vc, dropout_p=p, causal=True)
+    assert rel_err(out, cout) <= 2 * TOL[dtype]
+    keep = torch.from_numpy(flashattn.dropout_mask(p, seed, 0, H, N, N, batch=B)).bool()
+    causal = torch.ones(N, N, dtype=torch.bool).tril()
+    z = keep.double() / (1 - np.float32(p).item())
+    ref = _masked_math(q.cpu(), k.cpu(), v.cpu(), causal.expand(B, H, N, N), z)
+    assert_close(out, ref, TOL[dtype], "dropout out vs float64 with dropout_mask")
+    dout = torch.randn_like(out)
+    g = torch.autograd.grad(out, (q, k, v), dout)
+    cg = torch.autograd.grad(cout, (qc, kc, vc), dout.cpu())
+    for name, a, b in zip("qkv", g, cg):
+        assert rel_err(a, b) <= 8 * TOL[dtype], "d" + name
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
+@pytest.mark.parametrize("heads_broadcast", [False, True])
+def test_block_mask_cuda_vs_masked_math(dtype, heads_broadcast):
+    B, Nq, Nk, H, D, bq, bk = 2, 300, 520, 4, 128, 64, 128
+    q, k, v = _qkv(B, Nq, Nk, H, H, D, dtype, grad=True)
+    nbq, nbk = -(-Nq // bq), -(-Nk // bk)
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.rand(B, 1 if heads_broadcast else H, nbq, nbk, generator=gen) < 0.5
+    mask[0, 0, 1] = False  # a query block that sees nothing: O = 0, zero gradients there
+    out = flashattn.flash_attn_func(q, k, v, block_mask=mask.to(torch.uint8).cuda(),
+                                    block_size=(bq, bk))
+    allowed = mask.expand(B, H, nbq, nbk).repeat_interleave(bq, 2).repeat_interleave(bk, 3)
+    allowed = allowed[:, :, :Nq, :Nk].cuda()
+    rq, rk, rv = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ref = _masked_math(rq, rk, rv, allowed)
+    assert_close(out, ref, TOL[dtype], "block-sparse out vs float64")
+    assert torch.all(out[0, bq:2 * bq, 0] == 0)
+    dout = torch.randn_like(out)
+    g = torch.autograd.grad(out, (q, k, v), dout)
+    rg = torch.autograd.grad(ref, (rq, rk, rv), dout.double())
+    for name, a, b in zip("qkv", g, rg):
+        assert_close(a, b, 4 * TOL[dtype], "d" + name)
+    assert torch.all(g[0][0, bq:2 * bq, 0] == 0)

@@ -343,8 +343,9 @@ __device__ __forceinline__ void mma_ab_slice(float (&c)[M][DN / 8][4], const uin
   }
 }
 
-template <typename T, int D, int BC, int BR, int NW, int MINB, bool XF, bool DQ>
+template <typename T, int D, int BC, int BR, int NW, int MINB, bool XF, bool DQ, bool EXT>
 __global__ void __launch_bounds__(NW * 32, MINB) flash_bwd_kv_kernel(const BwdArgs p) {
+  static_assert(!EXT || XF, "EXT kernels take the general score path");
   constexpr int NT = NW * 32, LD = D + 8, LDS = BR + 8, ES = (int)sizeof(T);
   constexpr int WSK = BC / 16, WSQ = NW / WSK, QW = BR / WSQ, DW = D / WSQ;
   constexpr bool REG = WSQ == 1; /* P^T, dS^T stay in registers for dV, dK */
@@ -408,7 +409,18 @@ __global__ void __launch_bounds__(NW * 32, MINB) flash_bwd_kv_kernel(const BwdAr
                    "l"(row < nq ? src + row : src), "r"(row < nq ? 4 : 0));
     }
   };
-  if (steps > 0) load_q(0);
+  /* Block-sparse: steps whose tile's blocks are all zero are skipped; cls is
+   * the class of the step about to run (kTileAll without a block mask). */
+  const bool bm = EXT && p.bmask;
+  const TileWalk walk{bm ? bmask_head(p, b, 0) : nullptr,
+                      p.bm_sh, p.bm_sr, p.bm_q, p.bm_k, BR, BC, nq, c0 + cols, hk * p.group, nm,
+                      m_begin * BR, BR, c0, 0};
+  TileSkipper<NT> skip{reinterpret_cast<uint8_t *>(sDi + BR), INT_MIN / 2};
+  int cls = kTileAll;
+  int s_first = 0, s_next;
+  if constexpr (EXT)
+    if (bm) s_first = skip.next(0, steps, walk, &cls);
+  if (s_first < steps) load_q(s_first);
   cp_async_commit();
 
   /* Per-lane ldmatrix addresses (bytes). A operands (row-major, 16 rows):
@@ -432,11 +444,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) flash_bwd_kv_kernel(const BwdAr
   zero_tiles(acc_dk);
   zero_tiles(acc_dv);
 
-  auto step = [&](const int s, auto masked) {
+  auto step = [&](const int s, auto masked, const bool some) {
     constexpr bool MASK = decltype(masked)::value;
     const int h = hk * p.group + s / nm, r = (m_begin + s % nm) * BR;
     cp_async_wait<0>();
     __syncthreads(); /* Q, dO, lse2, Di of this step landed */
+    const uint8_t *bmh = EXT && some ? bmask_head(p, b, h) : nullptr;
 
     float acc_s[QW / 8][4], acc_dp[QW / 8][4];
     mma_abt_pair<T, D, QW, LD>(acc_s, acc_dp, a_k, a_v, b_q, b_do);
@@ -450,6 +463,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) flash_bwd_kv_kernel(const BwdAr
       const int ql = qw0 + nt * 8 + 2 * t;
       const float2 l2 = *reinterpret_cast<const float2 *>(sL + ql);
       const float2 di = *reinterpret_cast<const float2 *>(sDi + ql);
+      uint32_t keep = 0; /* dropout's keep bits */
+      if (EXT && p.drop.keep_scale > 0.f)
+        keep = dropout_col16(p.drop, (uint32_t)(b * p.heads_q + h), r + qw0 + nt * 8, c0 + kw0, lane);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int kc = c0 + kw0 + g + 8 * (e >> 1);
@@ -458,12 +474,18 @@ __global__ void __launch_bounds__(NW * 32, MINB) flash_bwd_kv_kernel(const BwdAr
         const float x = bwd_score<XF>(p, acc_s[nt][e], slope_log2, rel, &dfac);
         float pe = exp2f(x - ((e & 1) ? l2.y : l2.x));
         if constexpr (MASK) {
-          const bool vis = kc < nk && (mk.left < 0 || -rel >= -mk.left) &&
-                           (mk.right < 0 || -rel <= mk.right);
+          bool vis = kc < nk && (mk.left < 0 || -rel >= -mk.left) &&
+                     (mk.right < 0 || -rel <= mk.right);
+          const int qi = r + ql + (e & 1);
+          if (EXT && some && vis && qi < nq)
+            vis = bmh[(int64_t)(qi / p.bm_q) * p.bm_sr + kc / p.bm_k] != 0;
           if (!vis) pe = 0.f;
         }
-        acc_s[nt][e] = pe;
-        acc_dp[nt][e] = pe * (acc_dp[nt][e] - ((e & 1) ? di.y : di.x)) * dfac;
+        /* dV takes Z o P; dS = P o (Z o dP - Di) */
+        const float z = EXT && p.drop.keep_scale > 0.f ? dropout_z(p.drop, keep, e) : 1.f;
+        acc_s[nt][e] = EXT ? pe * z : pe;
+        const float dpz = EXT ? acc_dp[nt][e] * z : acc_dp[nt][e];
+        acc_dp[nt][e] = pe * (dpz - ((e & 1) ? di.y : di.x)) * dfac;
       }
     }
 
@@ -507,7 +529,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) flash_bwd_kv_kernel(const BwdAr
       }
       __syncthreads(); /* every warp is done with Q, dO, lse2, Di */
     }
-    if (s + 1 < steps) load_q(s + 1); /* overlaps the dQ phase */
+    s_next = s + 1;
+    if constexpr (EXT)
+      if (bm) s_next = skip.next(s + 1, steps, walk, &cls);
+    if (s_next < steps) load_q(s_next); /* overlaps the dQ phase */
     cp_async_commit();
 
     if constexpr (DQ) {
@@ -536,12 +561,13 @@ __global__ void __launch_bounds__(NW * 32, MINB) flash_bwd_kv_kernel(const BwdAr
         }
     }
   };
-  for (int s = 0; s < steps; ++s) {
+  for (int s = s_first; s < steps; s = s_next) {
     const int r = (m_begin + s % nm) * BR;
-    if (cols < BC || r < full_lo || min(r + BR, nq) > full_hi)
-      step(s, std::true_type());
+    const bool some = EXT && cls == kTileSome;
+    if (some || cols < BC || r < full_lo || min(r + BR, nq) > full_hi)
+      step(s, std::true_type(), some);
     else
-      step(s, std::false_type());
+      step(s, std::false_type(), false);
   }
   cp_async_wait<0>();
   __syncthreads(); /* every warp is done with sK, sV (and sdS) */
@@ -569,8 +595,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) flash_bwd_kv_kernel(const BwdAr
 /* Deterministic dQ: one block per (BR = 16 NW query rows, query head,
  * sequence), key blocks in a fixed order, dQ in float32 registers. K and V
  * are double-buffered. */
-template <typename T, int D, int NW, int BC, bool XF>
-__global__ void __launch_bounds__(NW * 32) flash_bwd_dq_kernel(const BwdArgs p) {
+template <typename T, int D, int NW, int BC, bool XF, bool EXT>
+__global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_bwd_dq_kernel(const BwdArgs p) {
+  static_assert(!EXT || XF, "EXT kernels take the general score path");
   constexpr int BR = 16 * NW, NT = NW * 32, LD = D + 8, ES = (int)sizeof(T);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *sQ = reinterpret_cast<T *>(smem_raw);
@@ -604,12 +631,23 @@ __global__ void __launch_bounds__(NW * 32) flash_bwd_dq_kernel(const BwdArgs p) 
                           p.do_ss, rows, p.d, tid);
   const T *gK = (const T *)p.k + row_off(sv, true, p.k_sb, p.k_ss, p.k_sh, 0, hk);
   const T *gV = (const T *)p.v + row_off(sv, true, p.v_sb, p.v_ss, p.v_sh, 0, hk);
-  auto load_kv = [&](int n) {
-    const int buf = (n - n_begin) & 1, c = n * BC;
+  auto load_kv = [&](int n, int buf) {
+    const int c = n * BC;
     load_tile<T, BC, D, NT>(sK + buf * BC * LD, gK + (int64_t)c * p.k_ss, p.k_ss, nk - c, p.d, tid);
     load_tile<T, BC, D, NT>(sV + buf * BC * LD, gV + (int64_t)c * p.v_ss, p.v_ss, nk - c, p.d, tid);
   };
-  if (n_begin < n_end) load_kv(n_begin);
+  /* Block-sparse: key tiles whose blocks are all zero are skipped; cls is the
+   * class of the tile about to run (kTileAll without a block mask). */
+  const uint8_t *bm = EXT && p.bmask ? bmask_head(p, b, h) : nullptr;
+  const TileWalk walk{bm ? bmask_head(p, b, 0) : nullptr,
+                      p.bm_sh, p.bm_sr, p.bm_q, p.bm_k, BR, BC, nq, nk, h, n_end - n_begin, r0, 0,
+                      n_begin * BC, BC};
+  TileSkipper<NT> skip{reinterpret_cast<uint8_t *>(sV + 2 * BC * LD), INT_MIN / 2};
+  int cls = kTileAll;
+  int n = n_begin, n_next, buf = 0; /* buf: K/V buffer of tile n */
+  if constexpr (EXT)
+    if (bm) n = n_begin + skip.next(0, n_end - n_begin, walk, &cls);
+  if (n < n_end) load_kv(n, 0);
   cp_async_commit();
 
   /* this thread's rows g, g + 8 of its warp: lse2 and Di (0 past nq) */
@@ -633,12 +671,15 @@ __global__ void __launch_bounds__(NW * 32) flash_bwd_dq_kernel(const BwdArgs p) 
   float acc_q[1][D / 8][4];
   zero_tiles(acc_q);
 
-  auto step = [&](const int n, auto masked) {
+  auto step = [&](const int n, auto masked, const bool some) {
     constexpr bool MASK = decltype(masked)::value;
-    const int c0 = n * BC, buf = (n - n_begin) & 1;
+    const int c0 = n * BC;
     cp_async_wait<0>();
     __syncthreads(); /* K_n, V_n landed; every warp is done with the other buffer */
-    if (n + 1 < n_end) load_kv(n + 1);
+    n_next = n + 1;
+    if constexpr (EXT)
+      if (bm) n_next = n_begin + skip.next(n + 1 - n_begin, n_end - n_begin, walk, &cls);
+    if (n_next < n_end) load_kv(n_next, buf ^ 1);
     cp_async_commit();
     const uint32_t b_k = smem_addr(sK + buf * BC * LD) + (b_row * LD + b_col) * ES;
     const uint32_t b_v = smem_addr(sV + buf * BC * LD) + (b_row * LD + b_col) * ES;
@@ -656,6 +697,13 @@ __global__ void __launch_bounds__(NW * 32) flash_bwd_dq_kernel(const BwdArgs p) 
         row_lo = (int)lo;
         row_hi = (int)hi;
       }
+      const uint8_t *brow = nullptr; /* this row's block-mask bytes, on mixed tiles */
+      if (EXT && some) brow = bm + (int64_t)(min(i, nq - 1) / p.bm_q) * p.bm_sr;
+      uint32_t keep = 0; /* dropout's keep bits: 4 per 16 columns */
+#pragma unroll
+      for (int np = 0; np < BC / 16; ++np)
+        if (EXT && p.drop.keep_scale > 0.f)
+          keep |= dropout_row16(p.drop, (uint32_t)(b * p.heads_q + h), i, c0 + np * 16, t) << (4 * np);
 #pragma unroll
       for (int nt = 0; nt < BC / 8; ++nt)
 #pragma unroll
@@ -665,8 +713,11 @@ __global__ void __launch_bounds__(NW * 32) flash_bwd_dq_kernel(const BwdArgs p) 
           const float x =
               bwd_score<XF>(p, acc_s[nt][2 * hr + e], slope_log2, i + nk - nq - col, &dfac);
           float pe = exp2f(x - l2[hr]);
-          if (MASK && (col < row_lo || col >= row_hi)) pe = 0.f;
-          acc_s[nt][2 * hr + e] = pe * (acc_dp[nt][2 * hr + e] - di[hr]) * dfac;
+          if (MASK && (col < row_lo || col >= row_hi || (EXT && some && !brow[col / p.bm_k])))
+            pe = 0.f;
+          const float z = EXT && p.drop.keep_scale > 0.f ? dropout_z(p.drop, keep, 2 * nt + e) : 1.f;
+          const float dpz = EXT ? acc_dp[nt][2 * hr + e] * z : acc_dp[nt][2 * hr + e];
+          acc_s[nt][2 * hr + e] = pe * (dpz - di[hr]) * dfac;
         }
     }
     /* dQ += dS K, dS straight from the accumulators */
@@ -677,12 +728,13 @@ __global__ void __launch_bounds__(NW * 32) flash_bwd_dq_kernel(const BwdArgs p) 
       mma_ab_slice<T, 1, D, LD>(acc_q, a, t_k + kk * 16 * LD * ES);
     }
   };
-  for (int n = n_begin; n < n_end; ++n) {
+  for (; n < n_end; n = n_next, buf ^= 1) {
     const int c0 = n * BC;
-    if (c0 + BC > nk || c0 < lo_max || c0 + BC > hi_min)
-      step(n, std::true_type());
+    const bool some = EXT && cls == kTileSome;
+    if (some || c0 + BC > nk || c0 < lo_max || c0 + BC > hi_min)
+      step(n, std::true_type(), some);
     else
-      step(n, std::false_type());
+      step(n, std::false_type(), false);
   }
   cp_async_wait<0>();
   __syncthreads(); /* every warp is done with sQ */
@@ -721,7 +773,8 @@ inline fa_status bwd_launched() {
 template <typename T, int D>
 fa_status flash_bwd_launch(const BwdArgs &a, cudaStream_t stream) {
   using C = BwdTraits<D>;
-  const bool xf = a.cap_log2 > 0.f || a.alibi != NULL;
+  const bool ext = is_ext(a);
+  const int xf = ext ? 2 : a.cap_log2 > 0.f || a.alibi != NULL; /* 2: EXT kernels */
   const bool det = a.dq_acc == NULL;
   const dim3 rows_grid((unsigned)((a.max_seqlen_q + kBwdRowsPerBlock - 1) / kBwdRowsPerBlock),
                        (unsigned)a.heads_q, (unsigned)a.batch);
@@ -734,12 +787,18 @@ fa_status flash_bwd_launch(const BwdArgs &a, cudaStream_t stream) {
   constexpr bool REG = C::NW == C::BC / 16;
   constexpr size_t kv_base = (size_t)(2 * C::BC + 2 * C::BR) * LD * sizeof(T) +
                              (REG ? 0 : (size_t)C::BC * LDS * sizeof(T)) + 2 * C::BR * 4;
-  const size_t kv_smem = kv_base + (det && REG ? 0 : (size_t)C::BC * LDS * sizeof(T));
-  auto kv = xf ? (det ? flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, true, false>
-                      : flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, true, true>)
-               : (det ? flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, false, false>
-                      : flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, false, true>);
-  static bool kv_done[2][2] = {{false, false}, {false, false}};
+  /* EXT: one byte per thread for the block-mask tile classes */
+  const size_t kv_smem =
+      kv_base + (det && REG ? 0 : (size_t)C::BC * LDS * sizeof(T)) + (ext ? 256 : 0);
+  using KV = void (*)(BwdArgs);
+  const KV kvs[3][2] = {{flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, false, true, false>,
+                         flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, false, false, false>},
+                        {flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, true, true, false>,
+                         flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, true, false, false>},
+                        {flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, true, true, true>,
+                         flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, true, false, true>}};
+  const KV kv = kvs[xf][det];
+  static bool kv_done[3][2] = {{false, false}, {false, false}, {false, false}};
   st = bwd_smem_attr(kv, kv_smem, kv_done[xf][det]);
   if (st != FA_OK) return st;
   const dim3 kv_grid((unsigned)((a.max_seqlen_k + C::BC - 1) / C::BC),
@@ -750,10 +809,12 @@ fa_status flash_bwd_launch(const BwdArgs &a, cudaStream_t stream) {
 
   if (det) {
     constexpr int QBR = 16 * C::QNW;
-    constexpr size_t dq_smem = (size_t)(2 * QBR + 4 * C::QBC) * LD * sizeof(T);
-    auto dq = xf ? flash_bwd_dq_kernel<T, D, C::QNW, C::QBC, true>
-                 : flash_bwd_dq_kernel<T, D, C::QNW, C::QBC, false>;
-    static bool dq_done[2] = {false, false};
+    const size_t dq_smem = (size_t)(2 * QBR + 4 * C::QBC) * LD * sizeof(T) + (ext ? 256 : 0);
+    const KV dqs[3] = {flash_bwd_dq_kernel<T, D, C::QNW, C::QBC, false, false>,
+                       flash_bwd_dq_kernel<T, D, C::QNW, C::QBC, true, false>,
+                       flash_bwd_dq_kernel<T, D, C::QNW, C::QBC, true, true>};
+    const KV dq = dqs[xf];
+    static bool dq_done[3] = {false, false, false};
     st = bwd_smem_attr(dq, dq_smem, dq_done[xf]);
     if (st != FA_OK) return st;
     const dim3 dq_grid((unsigned)((a.max_seqlen_q + QBR - 1) / QBR), (unsigned)a.heads_q,

@@ -27,6 +27,7 @@
 
 #include "backend.h"
 #include "common/mask.h"
+#include "common/philox.h"
 #include "forward_kernel.cuh"
 #include "layout.cuh"
 
@@ -84,6 +85,10 @@ struct SoftmaxArgs {
   float softcap;
   const float *alibi; /* this sequence's slopes (indexed by head), or NULL */
   fa_mask mk;
+  const uint8_t *bm; /* this sequence's block mask (head h at bm + h * bm_sh), or NULL */
+  int64_t bm_sh, bm_sr, bq, bk;
+  fa_dropout drop; /* keep_scale 0: no dropout */
+  uint32_t bh0;    /* dropout's matrix index of head 0: sequence * heads_q */
 };
 
 /* One block per (row, head): applies softcap, ALiBi and the masks to the
@@ -100,11 +105,12 @@ __global__ void __launch_bounds__(256) std_softmax_kernel(const SoftmaxArgs a) {
   const int lo = (int)lo64, hi = (int)hi64;
   const float slope = a.alibi ? a.alibi[h] : 0.f;
   const int diag = i + a.nk - a.nq;
+  const uint8_t *brow = a.bm ? a.bm + h * a.bm_sh + (i / a.bq) * a.bm_sr : NULL;
   auto score = [&](int j) {
     float x = row[j];
     if (a.softcap > 0) x = a.softcap * tanhf(x / a.softcap);
     x -= slope * fabsf((float)(diag - j));
-    return (j >= lo && j < hi) ? x : -INFINITY;
+    return (j >= lo && j < hi && (!brow || brow[j / a.bk])) ? x : -INFINITY;
   };
   auto block_reduce = [&](float v, bool is_max) {
     for (int o = 16; o > 0; o >>= 1) {
@@ -134,7 +140,9 @@ __global__ void __launch_bounds__(256) std_softmax_kernel(const SoftmaxArgs a) {
   /* In place: P[j] (2 bytes at 2j) overlaps S[j/2], read in this or an earlier chunk. */
   for (int c = 0; c < a.nk; c += blockDim.x) {
     const int j = c + tid;
-    const float pj = j < a.nk ? expf(score(j) - base) * inv : 0.f;
+    float pj = j < a.nk ? expf(score(j) - base) * inv : 0.f;
+    if (a.drop.keep_scale > 0.f && j < a.nk) /* P -> Z o P (docs/DROPOUT.md) */
+      pj *= fa_dropout_keep(&a.drop, a.bh0 + h, i, j) ? a.drop.keep_scale : 0.f;
     __syncthreads();
     if (j < a.nk) prow[j] = T(pj);
   }
@@ -234,6 +242,14 @@ fa_status std_forward(const fa_problem *pb) {
     sa.softcap = pr->softcap;
     sa.alibi = pr->alibi_slopes ? pr->alibi_slopes + s * pr->alibi_stride_batch : NULL;
     sa.mk = fa_mask_make(nq, nk, pr->causal, pr->window_enabled, pr->window_left, pr->window_right);
+    sa.bm = pr->block_mask ? pr->block_mask + s * pr->block_mask_stride_batch : NULL;
+    sa.bm_sh = pr->block_mask_stride_head;
+    sa.bm_sr = pb->block_mask_stride_row;
+    sa.bq = pr->block_size_q;
+    sa.bk = pr->block_size_k;
+    sa.drop = fa_dropout_make(pr->dropout_p, pr->dropout_seed, pr->dropout_offset);
+    if (!(pr->dropout_p > 0)) sa.drop.keep_scale = 0.f;
+    sa.bh0 = (uint32_t)(s * H);
     const dim3 grid((unsigned)nq, (unsigned)H);
     if (pb->dtype == FA_DTYPE_F16)
       std_softmax_kernel<__half><<<grid, 256, 0, stream>>>(sa);
@@ -270,7 +286,6 @@ int fa_cuda_available(void) {
 }
 
 fa_status fa_cuda_check(const fa_problem *pb, fa_pass pass) {
-  const fa_params *pr = pb->params;
   if (pass != FA_PASS_FORWARD && !is_flash(pb))
     return fa_set_error(FA_ERR_UNSUPPORTED,
                         "cuda: the backward pass of FA_ALGO_STANDARD is not implemented on CUDA "
@@ -278,10 +293,6 @@ fa_status fa_cuda_check(const fa_problem *pb, fa_pass pass) {
   if (pb->dtype != FA_DTYPE_F16 && pb->dtype != FA_DTYPE_BF16)
     return fa_set_error(FA_ERR_UNSUPPORTED,
                         "cuda: only f16 and bf16 storage are supported on CUDA");
-  if (pr->dropout_p > 0)
-    return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: dropout is not implemented");
-  if (pr->block_mask)
-    return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: block-sparse attention is not implemented");
   if (pb->q.seqlen > INT_MAX || pb->k.seqlen > INT_MAX || pb->batch * pb->heads_q > INT_MAX)
     return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: seqlen and batch*heads must fit in 32 bits");
   if (is_flash(pb)) {

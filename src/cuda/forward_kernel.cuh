@@ -18,11 +18,14 @@
 #define FA_CUDA_FORWARD_KERNEL_CUH
 
 #include <cuda_runtime.h>
+#include <limits.h>
 
 #include <type_traits>
 
 #include "backend.h"
 #include "common/mask.h"
+#include "common/philox.h"
+#include "extension.cuh"
 #include "tile.cuh"
 
 namespace fa {
@@ -43,7 +46,18 @@ struct AttnArgs {
   const int32_t *cu_q, *cu_k;
   int causal, window_enabled;
   int64_t window_left, window_right;
+  /* Dropout and block-sparse masks (docs/DROPOUT.md), read only by the EXT
+   * kernels: keep_scale > 0 iff dropout; bmask (device bytes) NULL without a
+   * block mask, bm_sb/bm_sh/bm_sr its batch/head/row strides, bm_q/bm_k the
+   * block sizes (clamped to INT_MAX). */
+  fa_dropout drop;
+  const uint8_t *bmask;
+  int64_t bm_sb, bm_sh, bm_sr;
+  int bm_q, bm_k;
 };
+
+/* Dropout or a block mask: the launch takes the EXT kernels. */
+inline bool is_ext(const AttnArgs &a) { return a.drop.keep_scale > 0.f || a.bmask != NULL; }
 
 /* The forward's launch arguments. */
 struct FwdArgs : AttnArgs {
@@ -241,8 +255,17 @@ __device__ __forceinline__ void store_tile(T *g, int64_t stride, const T *s, int
   }
 }
 
-template <typename T, int D, int MT, int NW, int BC, bool QREG, bool XF>
-__global__ void __launch_bounds__(NW * 32) flash_fwd_kernel(const FwdArgs p) {
+/* Block-mask bytes of (sequence b, query head h). */
+__device__ __forceinline__ const uint8_t *bmask_head(const AttnArgs &p, int b, int h) {
+  return p.bmask + (int64_t)b * p.bm_sb + (int64_t)h * p.bm_sh;
+}
+
+/* XF: the score transform (softcap, ALiBi, any scale). EXT (implies XF):
+ * dropout and block-sparse masks; tiles whose blocks are all zero are never
+ * loaded. */
+template <typename T, int D, int MT, int NW, int BC, bool QREG, bool XF, bool EXT>
+__global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const FwdArgs p) {
+  static_assert(!EXT || XF, "EXT kernels take the general score path");
   constexpr int BR = 16 * MT * NW, NT = NW * 32, LD = D + 8;
   constexpr float LOG2E = 1.4426950408889634f;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -277,12 +300,24 @@ __global__ void __launch_bounds__(NW * 32) flash_fwd_kernel(const FwdArgs p) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
 
+  /* Block-sparse: tiles n_end - 1 - idx (idx = 0, 1, ...) whose blocks are all
+   * zero are skipped; cls is the class of the tile about to run (kTileAll
+   * without a block mask). */
+  const uint8_t *bm = EXT && p.bmask ? bmask_head(p, b, h) : nullptr;
+  const TileWalk walk{bm ? bmask_head(p, b, 0) : nullptr,
+                      p.bm_sh, p.bm_sr, p.bm_q, p.bm_k, BR, BC, nq, nk, h, n_end - n_begin, r0, 0,
+                      (n_end - 1) * BC, -BC};
+  TileSkipper<NT> skip{reinterpret_cast<uint8_t *>(sV + BC * LD), INT_MIN / 2};
+  int cls = kTileAll;
+
   const T *gQ = (const T *)p.q + sv.qb * p.q_sb + (sv.q0 + r0) * p.q_ss + h * p.q_sh;
   const T *gK = (const T *)p.k + sv.kb * p.k_sb + sv.k0 * p.k_ss + hk * p.k_sh;
   const T *gV = (const T *)p.v + sv.kb * p.v_sb + sv.k0 * p.v_ss + hk * p.v_sh;
 
+  int n = n_end - 1, n_next;
+  if constexpr (EXT)
+    if (bm) n = n_end - 1 - skip.next(0, n_end - n_begin, walk, &cls);
   load_tile<T, BR, D, NT>(sQ, gQ, p.q_ss, rows, p.d, tid);
-  int n = n_end - 1;
   if (n >= n_begin)
     load_tile<T, BC, D, NT>(sK, gK + (int64_t)n * BC * p.k_ss, p.k_ss, min(BC, nk - n * BC), p.d,
                             tid);
@@ -328,7 +363,7 @@ __global__ void __launch_bounds__(NW * 32) flash_fwd_kernel(const FwdArgs p) {
 
   /* One key tile: the body is instantiated twice, with and without masking
    * arithmetic, so unmasked tiles (most of them) carry none of it. */
-  auto step = [&](const int n, auto masked) {
+  auto step = [&](const int n, auto masked, const bool some) {
     constexpr bool MASK = decltype(masked)::value;
     const int c0 = n * BC;
     cp_async_wait<0>();
@@ -370,6 +405,8 @@ __global__ void __launch_bounds__(NW * 32) flash_fwd_kernel(const FwdArgs p) {
       for (int r = 0; r < 2; ++r) {
         const int i = r0 + wrow + mt * 16 + g + 8 * r; /* this row, in the sequence */
         int row_lo = 0, row_hi = nk;
+        const uint8_t *brow = nullptr; /* its block-mask bytes, on mixed tiles */
+        if (EXT && some) brow = bm + (int64_t)(min(i, nq - 1) / p.bm_q) * p.bm_sr;
         if constexpr (MASK) {
           int64_t lo, hi;
           /* rebuilt from the kernel arguments, not kept live across the loop */
@@ -390,7 +427,8 @@ __global__ void __launch_bounds__(NW * 32) flash_fwd_kernel(const FwdArgs p) {
               x = p.cap_log2 > 0.f ? p.cap_log2 * tanhf(x * p.scale_over_cap) : x * p.scale_log2;
               x -= slope_log2 * fabsf((float)(i + nk - nq - col));
             }
-            if (MASK && (col < row_lo || col >= row_hi)) x = -INFINITY;
+            if (MASK && (col < row_lo || col >= row_hi || (EXT && some && !brow[col / p.bm_k])))
+              x = -INFINITY;
             acc_s[mt][nt][2 * r + e] = x;
             mx = fmaxf(mx, x);
           }
@@ -411,12 +449,27 @@ __global__ void __launch_bounds__(NW * 32) flash_fwd_kernel(const FwdArgs p) {
           acc_o[mt][dt][2 * r] *= alpha;
           acc_o[mt][dt][2 * r + 1] *= alpha;
         }
+        /* dropout: P -> Z o P after l took the undropped P */
+        if (EXT && p.drop.keep_scale > 0.f) {
+          const uint32_t bh = (uint32_t)(b * p.heads_q + h);
+#pragma unroll
+          for (int np = 0; np < BC / 16; ++np) {
+            const uint32_t keep = dropout_row16(p.drop, bh, i, c0 + np * 16, t);
+            acc_s[mt][2 * np][2 * r] *= dropout_z(p.drop, keep, 0);
+            acc_s[mt][2 * np][2 * r + 1] *= dropout_z(p.drop, keep, 1);
+            acc_s[mt][2 * np + 1][2 * r] *= dropout_z(p.drop, keep, 2);
+            acc_s[mt][2 * np + 1][2 * r + 1] *= dropout_z(p.drop, keep, 3);
+          }
+        }
       }
 
     cp_async_wait<0>();
     __syncthreads(); /* V_n landed; every warp is done with K_n */
-    if (n > n_begin)
-      load_tile<T, BC, D, NT>(sK, gK + (int64_t)(c0 - BC) * p.k_ss, p.k_ss, BC, p.d, tid);
+    n_next = n - 1; /* a full tile: only the last one is ragged */
+    if constexpr (EXT)
+      if (bm) n_next = n_end - 1 - skip.next(n_end - n, n_end - n_begin, walk, &cls);
+    if (n_next >= n_begin)
+      load_tile<T, BC, D, NT>(sK, gK + (int64_t)n_next * BC * p.k_ss, p.k_ss, BC, p.d, tid);
     cp_async_commit();
 
     /* O += P V, P straight from the S accumulators (C layout == A layout). */
@@ -437,12 +490,13 @@ __global__ void __launch_bounds__(NW * 32) flash_fwd_kernel(const FwdArgs p) {
       }
     }
   };
-  for (; n >= n_begin; --n) {
+  for (; n >= n_begin; n = n_next) {
     const int c0 = n * BC;
-    if (c0 + BC > nk || c0 < lo_max || c0 + BC > hi_min)
-      step(n, std::true_type());
+    const bool some = EXT && cls == kTileSome;
+    if (some || c0 + BC > nk || c0 < lo_max || c0 + BC > hi_min)
+      step(n, std::true_type(), some);
     else
-      step(n, std::false_type());
+      step(n, std::false_type(), false);
   }
   cp_async_wait<0>();
 
@@ -477,16 +531,21 @@ template <typename T, int D>
 fa_status flash_fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   using C = FwdTraits<D>;
   constexpr int BR = 16 * C::MT * C::NW;
-  constexpr size_t smem = (size_t)(BR + 2 * C::BC) * (D + 8) * sizeof(T);
-  const bool xform = a.cap_log2 > 0.f || a.alibi != NULL || !(a.scale_log2 > 0.f);
-  auto kernel = xform ? flash_fwd_kernel<T, D, C::MT, C::NW, C::BC, C::QREG, true>
-                      : flash_fwd_kernel<T, D, C::MT, C::NW, C::BC, C::QREG, false>;
-  static bool attr_done[2] = {false, false}; /* idempotent: a race only repeats the call */
-  if (!attr_done[xform]) {
+  const bool ext = is_ext(a);
+  /* EXT: one byte per thread for the block-mask tile classes; 32-key tiles
+   * for the widest head dims, whose accumulators leave no registers spare */
+  constexpr int XBC = D >= 96 ? 32 : C::BC;
+  const size_t smem = (size_t)(BR + 2 * (ext ? XBC : C::BC)) * (D + 8) * sizeof(T) + (ext ? 256 : 0);
+  const int kind = ext ? 2 : a.cap_log2 > 0.f || a.alibi != NULL || !(a.scale_log2 > 0.f);
+  auto kernel = kind == 2   ? flash_fwd_kernel<T, D, C::MT, C::NW, XBC, C::QREG, true, true>
+                : kind == 1 ? flash_fwd_kernel<T, D, C::MT, C::NW, C::BC, C::QREG, true, false>
+                            : flash_fwd_kernel<T, D, C::MT, C::NW, C::BC, C::QREG, false, false>;
+  static bool attr_done[3] = {false, false, false}; /* idempotent: a race only repeats the call */
+  if (!attr_done[kind]) {
     cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
-    attr_done[xform] = true;
+    attr_done[kind] = true;
   }
   const dim3 grid((unsigned)((a.max_seqlen_q + BR - 1) / BR), (unsigned)a.heads_q,
                   (unsigned)a.batch);

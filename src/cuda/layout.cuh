@@ -2,6 +2,8 @@
 #ifndef FA_CUDA_LAYOUT_CUH
 #define FA_CUDA_LAYOUT_CUH
 
+#include <limits.h>
+
 #include <type_traits>
 
 #include "common/problem.h"
@@ -54,6 +56,14 @@ inline void fill_common_args(AttnArgs &a, const fa_problem *pb) {
   a.window_enabled = pr->window_enabled;
   a.window_left = pr->window_left;
   a.window_right = pr->window_right;
+  a.drop = fa_dropout_make(pr->dropout_p, pr->dropout_seed, pr->dropout_offset);
+  if (!(pr->dropout_p > 0)) a.drop.keep_scale = 0.f;
+  a.bmask = pr->block_mask;
+  a.bm_sb = pr->block_mask_stride_batch;
+  a.bm_sh = pr->block_mask_stride_head;
+  a.bm_sr = pb->block_mask_stride_row;
+  a.bm_q = (int)(pr->block_size_q < INT_MAX ? pr->block_size_q : INT_MAX);
+  a.bm_k = (int)(pr->block_size_k < INT_MAX ? pr->block_size_k : INT_MAX);
 }
 
 /* Calls f(std::integral_constant<int, Dp>()) for the padded head dim Dp of d. */

@@ -7,7 +7,11 @@
  * no output element is NaN, and every lse matches (-inf where the row is
  * fully masked). The backward runs on the GPU's own O and lse, in the default
  * (atomic dQ) mode and twice in deterministic mode, whose two results must be
- * bitwise equal. Usage: test_cuda [--small] [-v]. Exits 77 with no device. */
+ * bitwise equal. Dropout and block-sparse cases give the oracle the same
+ * parameters (docs/DROPOUT.md: the same mask on every backend), and
+ * check_dropout_bits reads the GPU's keep decisions out of O and dV and
+ * compares them with fa_dropout_mask bit for bit.
+ * Usage: test_cuda [--small] [-v]. Exits 77 with no device. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -91,6 +95,10 @@ typedef struct tcase {
   int bhnd;               /* (B, H, N, D) layout instead of (B, N, H, D) */
   int pad;                /* extra elements after each head row (strided layouts) */
   fa_status expect;       /* FA_OK, or the status the call must return */
+  float dropout;          /* dropout_p (seed and offset fixed, offset's high half nonzero) */
+  int bq, bk;             /* block mask with these block sizes when bq > 0 */
+  int bdens;              /* percent of visible blocks (query block 1 always hidden) */
+  int bbcast;             /* block mask broadcast over heads (stride_head 0) */
 } tcase;
 
 typedef struct tens {
@@ -390,6 +398,29 @@ static void run_case(const tcase *c) {
     p.cu_seqlens_k = ck;
     p.num_seqs = c->nseq;
   }
+  p.dropout_p = c->dropout;
+  p.dropout_seed = 0x9E3779B97F4A7C15ull;
+  p.dropout_offset = 0x0000000500000003ull;
+  /* block mask: (sequence, head, query block, key block) bytes, stride_row 0
+   * (resolved from k's seqlen: the total for varlen); query block 1 hidden
+   * everywhere, so some rows see nothing */
+  uint8_t *bmh = NULL;
+  size_t bm_bytes = 0;
+  if (c->bq > 0) {
+    const int64_t rows = (NQ + c->bq - 1) / c->bq, cols = (NK + c->bk - 1) / c->bk;
+    const int64_t per_head = rows * cols, heads = c->bbcast ? 1 : c->Hq;
+    bm_bytes = (size_t)(varlen ? c->nseq : B) * heads * per_head;
+    bmh = malloc(bm_bytes ? bm_bytes : 1);
+    for (size_t i = 0; i < bm_bytes; i++) {
+      const int64_t row = (int64_t)(i % per_head) / cols;
+      bmh[i] = row != 1 && (int)(rng_next() % 100) < c->bdens;
+    }
+    p.block_mask = bmh;
+    p.block_size_q = c->bq;
+    p.block_size_k = c->bk;
+    p.block_mask_stride_head = c->bbcast ? 0 : per_head;
+    p.block_mask_stride_batch = heads * per_head;
+  }
 
   /* the float64 oracle, and the storage-precision standard algorithm */
   fa_params pr = p;
@@ -421,6 +452,7 @@ static void run_case(const tcase *c) {
     void *qdv = dev_copy(qh, q.n * 2), *kdv = dev_copy(kh, k.n * 2), *vdv = dev_copy(vh, v.n * 2);
     void *odv = NULL, *ldv = NULL, *sdv = dev_copy(slopes, sizeof(float) * (size_t)nslopes);
     void *cqd = dev_copy(cq, sizeof cq), *ckd = dev_copy(ck, sizeof ck);
+    void *bmd = bmh ? dev_copy(bmh, bm_bytes) : NULL;
     CK(cudaMalloc(&odv, o.n * 2));
     CK(cudaMalloc(&ldv, nlse * 4));
     CK(cudaMemset(odv, 0xFF, o.n * 2));
@@ -433,6 +465,7 @@ static void run_case(const tcase *c) {
     pg.stream = stream;
     if (c->alibi) pg.alibi_slopes = sdv;
     if (varlen) pg.cu_seqlens_q = cqd, pg.cu_seqlens_k = ckd;
+    if (bmh) pg.block_mask = bmd;
     tens qg = q, kg = k, vg = v, og = o;
     qg.t.data = qdv, kg.t.data = kdv, vg.t.data = vdv, og.t.data = odv;
     st = fa_forward(&pg, &qg.t, &kg.t, &vg.t, &og.t, ldv);
@@ -492,9 +525,10 @@ static void run_case(const tcase *c) {
     }
     CK(cudaStreamDestroy(stream));
     cudaFree(qdv), cudaFree(kdv), cudaFree(vdv), cudaFree(odv), cudaFree(ldv);
-    cudaFree(sdv), cudaFree(cqd), cudaFree(ckd);
+    cudaFree(sdv), cudaFree(cqd), cudaFree(ckd), cudaFree(bmd);
   }
 out:
+  free(bmh);
   free(qh), free(kh), free(vh), free(oh), free(olp);
   free(qd), free(kd), free(vd), free(od);
   free(lse_ref), free(lse_lp), free(lse_dev);
@@ -516,6 +550,135 @@ static const char *nm(const char *fmt, const char *a, int d, fa_dtype dt) {
   char *s = names[nnames++ % 4096];
   snprintf(s, 96, fmt, a, d, dt == FA_DTYPE_F16 ? "f16" : "bf16");
   return s;
+}
+
+/* Dropout and block-sparse cases (docs/DROPOUT.md) for head dim D. */
+static void ext_cases(fa_dtype dt, int D, int many) {
+  tcase c = base(nm("%s D=%d %s", "dropout 0.17 causal GQA 4:2 300", D, dt), dt, D, 2, 4, 300, 300);
+  c.Hk = 2, c.causal = 1, c.dropout = 0.17f;
+  run_case(&c);
+  c = base(nm("%s D=%d %s", "block mask 64x64 50% + dropout 0.1 nq=nk=700", D, dt), dt, D, 1, 2, 700,
+           700);
+  c.bq = 64, c.bk = 64, c.bdens = 50, c.dropout = 0.1f;
+  run_case(&c);
+  if (!many) return;
+  c = base(nm("%s D=%d %s", "block mask 48x80 60% causal GQA 8:2 nq=333 nk=517", D, dt), dt, D, 2, 8,
+           333, 517);
+  c.Hk = 2, c.bq = 48, c.bk = 80, c.bdens = 60, c.causal = 1;
+  run_case(&c);
+  c = base(nm("%s D=%d %s", "block mask 7x5 (element-wise) 70% nq=150 nk=170", D, dt), dt, D, 1, 2,
+           150, 170);
+  c.bq = 7, c.bk = 5, c.bdens = 70;
+  run_case(&c);
+  c = base(nm("%s D=%d %s", "varlen block mask 32x16 + dropout 0.25 causal", D, dt), dt, D, 1, 2, 0,
+           0);
+  c.nseq = 4, c.causal = 1, c.bq = 32, c.bk = 16, c.bdens = 60, c.dropout = 0.25f;
+  int lq[4] = {17, 0, 300, 129}, lk[4] = {40, 9, 300, 1};
+  memcpy(c.lq, lq, sizeof lq);
+  memcpy(c.lk, lk, sizeof lk);
+  run_case(&c);
+  c = base(nm("%s D=%d %s", "block mask broadcast over heads + window 200,50 + alibi", D, dt), dt, D,
+           2, 3, 500, 600);
+  c.bq = 128, c.bk = 128, c.bdens = 50, c.bbcast = 1, c.window = 1, c.wl = 200, c.wr = 50;
+  c.alibi = 1;
+  run_case(&c);
+  c = base(nm("%s D=%d %s", "block mask 128x128 25% many tiles nq=nk=1536", D, dt), dt, D, 1, 2,
+           1536, 1536);
+  c.bq = 128, c.bk = 128, c.bdens = 25;
+  run_case(&c);
+  c = base(nm("%s D=%d %s", "block mask all hidden + dropout (O=0, lse=-inf)", D, dt), dt, D, 2, 2,
+           100, 130);
+  c.bq = 16, c.bk = 16, c.bdens = 0, c.dropout = 0.3f;
+  run_case(&c);
+  c = base(nm("%s D=%d %s", "dropout 0.5 softcap nq=1 nk=1000", D, dt), dt, D, 2, 2, 1, 1000);
+  c.dropout = 0.5f, c.softcap = 3;
+  run_case(&c);
+  c = base(nm("%s D=%d %s", "dropout 0.1 nq=nk=127 causal", D, dt), dt, D, 2, 2, 127, 127);
+  c.dropout = 0.1f, c.causal = 1;
+  run_case(&c);
+}
+
+/* The GPU's keep decisions, read out exactly and compared with
+ * fa_dropout_mask: q = 0 makes P uniform over each row's keys, a causal
+ * window of 128 keys puts exactly one key j = d (mod 128) in row i's view,
+ * and V[j] = e_{j mod 128} makes O[i][d] nonzero iff (i, j) is kept; with
+ * dO[i] = e_{i mod 128}, dV[j][d] is nonzero iff (i, j) is kept for the one
+ * row i = d (mod 128) that sees j. Forward, and backward in both modes. */
+static void check_dropout_bits(fa_dtype dt, int B, int Hq, int Hk, int N, int deterministic) {
+  const int D = 128;
+  tcase c = base("dropout bits", dt, D, B, Hq, N, N);
+  c.Hk = Hk;
+  tens q = make_desc(&c, B, N, Hq), k = make_desc(&c, B, N, Hk), o = make_desc(&c, B, N, Hq);
+  uint16_t *qh = calloc(q.n, 2), *kh = malloc(k.n * 2), *vh = calloc(k.n, 2), *doh = calloc(o.n, 2);
+  uint16_t *oh = malloc(o.n * 2), *dvh = malloc(k.n * 2);
+  const uint16_t one = dt == FA_DTYPE_F16 ? to_f16(1.f) : to_bf16(1.f);
+  for (size_t i = 0; i < k.n; i++) kh[i] = dt == FA_DTYPE_F16 ? to_f16((float)rng_normal()) : to_bf16((float)rng_normal());
+  for (int b = 0; b < B; b++)
+    for (int j = 0; j < N; j++) {
+      for (int h = 0; h < Hk; h++)
+        vh[b * k.t.stride_batch + j * k.t.stride_seq + h * k.t.stride_head + j % D] = one;
+      for (int h = 0; h < Hq; h++)
+        doh[b * o.t.stride_batch + j * o.t.stride_seq + h * o.t.stride_head + j % D] = one;
+    }
+  fa_params p;
+  memset(&p, 0, sizeof p);
+  p.device = FA_DEVICE_CUDA;
+  p.causal = 1, p.window_enabled = 1, p.window_left = D - 1, p.window_right = 0;
+  p.dropout_p = 0.3f, p.dropout_seed = 0xFEDCBA9876543210ull, p.dropout_offset = 0x700000002ull;
+  p.deterministic = deterministic;
+  void *qd = dev_copy(qh, q.n * 2), *kd = dev_copy(kh, k.n * 2), *vd = dev_copy(vh, k.n * 2);
+  void *dod = dev_copy(doh, o.n * 2), *od = dev_poisoned(o.n * 2), *dqd = dev_poisoned(q.n * 2);
+  void *dkd = dev_poisoned(k.n * 2), *dvd = dev_poisoned(k.n * 2), *lsed = dev_poisoned((size_t)B * Hq * N * 4);
+  tens qg = q, kg = k, vg = k, og = o, dog = o, dqg = q, dkg = k, dvg = k;
+  qg.t.data = qd, kg.t.data = kd, vg.t.data = vd, og.t.data = od, dog.t.data = dod;
+  dqg.t.data = dqd, dkg.t.data = dkd, dvg.t.data = dvd;
+  fa_status st = fa_forward(&p, &qg.t, &kg.t, &vg.t, &og.t, lsed);
+  if (st == FA_OK)
+    st = fa_backward(&p, &qg.t, &kg.t, &vg.t, &og.t, &dog.t, lsed, &dqg.t, &dkg.t, &dvg.t);
+  CK(cudaDeviceSynchronize());
+  long bad_o = 0, bad_dv = 0, kept = 0, total = 0;
+  if (st == FA_OK) {
+    CK(cudaMemcpy(oh, od, o.n * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(dvh, dvd, k.n * 2, cudaMemcpyDeviceToHost));
+    uint8_t *mask = malloc((size_t)N * N);
+    int64_t *nz_dv = calloc((size_t)N * D * Hk, sizeof(int64_t)); /* kept (i, j) seen per dV element */
+    for (int b = 0; b < B; b++) {
+      memset(nz_dv, 0, (size_t)N * D * Hk * sizeof(int64_t));
+      for (int h = 0; h < Hq; h++) {
+        fa_dropout_mask(&p, Hq, b, h, N, N, mask);
+        for (int i = 0; i < N; i++)
+          for (int j = i - D + 1 > 0 ? i - D + 1 : 0; j <= i; j++) {
+            const int kp = mask[(size_t)i * N + j];
+            const double x = load16(oh, (size_t)(b * o.t.stride_batch + i * o.t.stride_seq + h * o.t.stride_head + j % D), dt);
+            bad_o += (x != 0) != kp || x != x;
+            kept += kp, total++;
+            /* dV[j][i % D] of K/V head h / group: the sum over the group's heads */
+            nz_dv[((size_t)(h / (Hq / Hk)) * N + j) * D + i % D] += kp;
+          }
+      }
+      for (int hk = 0; hk < Hk; hk++)
+        for (int j = 0; j < N; j++)
+          for (int d = 0; d < D; d++) {
+            const double x = load16(dvh, (size_t)(b * k.t.stride_batch + j * k.t.stride_seq + hk * k.t.stride_head + d), dt);
+            bad_dv += (x != 0) != (nz_dv[((size_t)hk * N + j) * D + d] > 0) || x != x;
+          }
+    }
+    free(mask), free(nz_dv);
+  }
+  const int ok = st == FA_OK && bad_o == 0 && bad_dv == 0 && kept > 0 && kept < total;
+  if (ok)
+    g_pass++;
+  else
+    g_fail++;
+  if (!ok || g_verbose)
+    printf("%s dropout bits vs fa_dropout_mask %s B=%d H=%d:%d N=%d %s: %s; O wrong %ld, dV wrong %ld, "
+           "kept %ld of %ld\n",
+           ok ? "ok  " : "FAIL", dt == FA_DTYPE_F16 ? "f16" : "bf16", B, Hq, Hk, N,
+           deterministic ? "deterministic" : "atomic", st == FA_OK ? "ran" : fa_last_error(), bad_o,
+           bad_dv, kept, total);
+  cudaFree(qd), cudaFree(kd), cudaFree(vd), cudaFree(dod), cudaFree(od), cudaFree(dqd);
+  cudaFree(dkd), cudaFree(dvd), cudaFree(lsed);
+  free(qh), free(kh), free(vh), free(doh), free(oh), free(dvh);
 }
 
 static void full_suite(void) {
@@ -543,7 +706,10 @@ static void full_suite(void) {
       memcpy(c.lk, lk, sizeof lk);
       c.causal = 1;
       run_case(&c);
+      ext_cases(dt, D, D == 64 || D == 128 || (D == 256 && dt == FA_DTYPE_BF16));
     }
+    check_dropout_bits(dt, 2, 4, 2, 777, 0);
+    check_dropout_bits(dt, 1, 3, 3, 300, 1);
     for (int i = 0; i < 3; i++) {
       int D = i == 0 ? 64 : i == 1 ? 128 : 256;
       tcase c = base(nm("%s D=%d %s", "window 50,10 1000", D, dt), dt, D, 1, 2, 1000, 1000);
@@ -607,6 +773,10 @@ static void full_suite(void) {
                65);
       c.algo = FA_ALGO_STANDARD, c.causal = 1;
       run_case(&c);
+      c = base(nm("%s D=%d %s", "standard dropout 0.2 + block mask 32x16 causal", 96, dt), dt, 96, 2,
+               2, 200, 230);
+      c.algo = FA_ALGO_STANDARD, c.dropout = 0.2f, c.bq = 32, c.bk = 16, c.bdens = 60, c.causal = 1;
+      run_case(&c);
       c = base(nm("%s D=%d %s", "flash1 maps to flash2", 64, dt), dt, 64, 1, 2, 100, 100);
       c.algo = FA_ALGO_FLASH1;
       run_case(&c);
@@ -645,6 +815,18 @@ static void small_suite(void) {
   c = base("small standard GQA D=64 f16", FA_DTYPE_F16, 64, 1, 4, 40, 70);
   c.algo = FA_ALGO_STANDARD, c.Hk = 2, c.causal = 1;
   run_case(&c);
+  c = base("small dropout 0.2 + block mask 32x48 causal GQA 2:1 D=64 f16", FA_DTYPE_F16, 64, 1, 2,
+           150, 170);
+  c.Hk = 1, c.causal = 1, c.dropout = 0.2f, c.bq = 32, c.bk = 48, c.bdens = 60;
+  run_case(&c);
+  c = base("small varlen block mask 16x16 + dropout D=128 bf16", FA_DTYPE_BF16, 128, 1, 2, 0, 0);
+  c.nseq = 3, c.dropout = 0.1f, c.bq = 16, c.bk = 16, c.bdens = 50;
+  c.lq[0] = 17, c.lq[1] = 0, c.lq[2] = 70, c.lk[0] = 33, c.lk[1] = 9, c.lk[2] = 140;
+  run_case(&c);
+  c = base("small standard dropout + block mask D=64 bf16", FA_DTYPE_BF16, 64, 1, 2, 40, 70);
+  c.algo = FA_ALGO_STANDARD, c.dropout = 0.2f, c.bq = 8, c.bk = 16, c.bdens = 60;
+  run_case(&c);
+  check_dropout_bits(FA_DTYPE_F16, 1, 2, 1, 200, 1);
 }
 
 int main(int argc, char **argv) {

@@ -783,20 +783,25 @@ fa_status flash_bwd_launch(const BwdArgs &a, cudaStream_t stream) {
   fa_status st = bwd_launched();
   if (st != FA_OK) return st;
 
-  constexpr int LD = D + 8, LDS = C::BR + 8;
-  constexpr bool REG = C::NW == C::BC / 16;
-  constexpr size_t kv_base = (size_t)(2 * C::BC + 2 * C::BR) * LD * sizeof(T) +
-                             (REG ? 0 : (size_t)C::BC * LDS * sizeof(T)) + 2 * C::BR * 4;
-  /* EXT: one byte per thread for the block-mask tile classes */
-  const size_t kv_smem =
-      kv_base + (det && REG ? 0 : (size_t)C::BC * LDS * sizeof(T)) + (ext ? 256 : 0);
+  constexpr int LD = D + 8;
+  /* the EXT variant steps 32 query rows at D = 64: with 64 it spills on sm_80 */
+  constexpr int XBR = D == 64 && C::BR > 32 ? 32 : C::BR;
+  /* K, V, Q, dO tiles, P^T (unless in registers), dS^T (unless in registers
+   * without dQ), L and Di; EXT: one byte per thread for the block-mask tile classes */
+  auto kv_smem_for = [&](int br) {
+    const bool reg = C::NW == C::BC / 16;
+    const size_t lds = (size_t)C::BC * (br + 8) * sizeof(T);
+    return (size_t)(2 * C::BC + 2 * br) * LD * sizeof(T) + (reg ? 0 : lds) + 2 * br * 4 +
+           (det && reg ? 0 : lds) + (ext ? 256 : 0);
+  };
+  const size_t kv_smem = kv_smem_for(ext ? XBR : C::BR);
   using KV = void (*)(BwdArgs);
   const KV kvs[3][2] = {{flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, false, true, false>,
                          flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, false, false, false>},
                         {flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, true, true, false>,
                          flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, true, false, false>},
-                        {flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, true, true, true>,
-                         flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, true, false, true>}};
+                        {flash_bwd_kv_kernel<T, D, C::BC, XBR, C::NW, C::MINB, true, true, true>,
+                         flash_bwd_kv_kernel<T, D, C::BC, XBR, C::NW, C::MINB, true, false, true>}};
   const KV kv = kvs[xf][det];
   static bool kv_done[3][2] = {{false, false}, {false, false}, {false, false}};
   st = bwd_smem_attr(kv, kv_smem, kv_done[xf][det]);
@@ -809,10 +814,13 @@ fa_status flash_bwd_launch(const BwdArgs &a, cudaStream_t stream) {
 
   if (det) {
     constexpr int QBR = 16 * C::QNW;
-    const size_t dq_smem = (size_t)(2 * QBR + 4 * C::QBC) * LD * sizeof(T) + (ext ? 256 : 0);
+    /* the EXT variant takes 32-key steps from D = 96 up: with 64 it spills on sm_80 */
+    constexpr int XQBC = D >= 96 && C::QBC > 32 ? 32 : C::QBC;
+    const size_t dq_smem =
+        (size_t)(2 * QBR + 4 * (ext ? XQBC : C::QBC)) * LD * sizeof(T) + (ext ? 256 : 0);
     const KV dqs[3] = {flash_bwd_dq_kernel<T, D, C::QNW, C::QBC, false, false>,
                        flash_bwd_dq_kernel<T, D, C::QNW, C::QBC, true, false>,
-                       flash_bwd_dq_kernel<T, D, C::QNW, C::QBC, true, true>};
+                       flash_bwd_dq_kernel<T, D, C::QNW, XQBC, true, true>};
     const KV dq = dqs[xf];
     static bool dq_done[3] = {false, false, false};
     st = bwd_smem_attr(dq, dq_smem, dq_done[xf]);

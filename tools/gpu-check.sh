@@ -6,7 +6,12 @@
 # last. Logs and JSON go to $OUT (the device tool's output folder) or
 # build-gpu/out.
 # Usage: tools/gpu-check.sh [--no-test] [--no-sanitize] [--no-bench] [--quick-bench]
-#          [--fwd-only | --bwd-only] [--no-mem] [--tune NAME=FLAGS]...
+#          [--fwd-only | --bwd-only] [--no-mem] [--tune NAME=FLAGS]... [--experiments]
+#          [--prebuilt=TARBALL]
+#   --experiments: also run tools/gpu_experiments.py (the papers' tables, CSV into
+#   $OUT/gpu; plot them anywhere with --plot-only).
+#   --prebuilt=TARBALL: skip the build and unpack build-gpu from TARBALL instead
+#   (made here by tools/pack-gpu-build.sh, to spend no device time compiling).
 #   --tune NAME=FLAGS: also build the library with CMAKE_CUDA_FLAGS=FLAGS (e.g.
 #   "b128=-DFA_BWD128_BR=64 -DFA_BWD128_NW=8") into build-gpu-NAME and time
 #   only ours with it (same grid), before the main benchmark.
@@ -15,7 +20,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/build-gpu/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-run_test=1 run_san=1 run_bench=1 bench_args=() tunes=()
+run_test=1 run_san=1 run_bench=1 run_exp=0 prebuilt= bench_args=() tunes=()
 for a in "$@"; do
   case "$a" in
     --no-test) run_test=0 ;;
@@ -26,6 +31,8 @@ for a in "$@"; do
     --bwd-only) bench_args+=(--pass bwd) ;;
     --no-mem) bench_args+=(--no-mem) ;;
     --tune=*) tunes+=("${a#--tune=}") ;;
+    --experiments) run_exp=1 ;;
+    --prebuilt=*) prebuilt=${a#--prebuilt=} ;;
     *) echo "unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -42,10 +49,16 @@ build() { # dir, extra CUDA flags
     -DBUILD_SHARED_LIBS=ON -DFLASHATTN_TESTS=$tests -DFLASHATTN_BENCH=$bench \
     "-DCMAKE_CUDA_FLAGS=$2" && cmake --build "$1" -j"$(nproc)" ${3:+--target $3}
 }
-stamp "build (sm_90, Release, shared)"
-if ! build build-gpu "" >"$OUT/build.log" 2>&1; then
-  tail -40 "$OUT/build.log"
-  exit 1
+if [ -n "$prebuilt" ]; then
+  stamp "unpack $prebuilt (built elsewhere for sm_90)"
+  rm -rf build-gpu && tar xzf "$prebuilt" || exit 1
+  export LD_LIBRARY_PATH=$PWD/build-gpu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+else
+  stamp "build (sm_90, Release, shared)"
+  if ! build build-gpu "" >"$OUT/build.log" 2>&1; then
+    tail -40 "$OUT/build.log"
+    exit 1
+  fi
 fi
 
 if [ $run_test = 1 ]; then
@@ -80,6 +93,12 @@ if [ $run_bench = 1 ]; then
   lib=$(ls build-gpu/libflashattn.so* 2>/dev/null | head -1)
   python3 tools/bench_sdpa.py --lib "$lib" --json "$OUT/bench_sdpa.json" "${bench_args[@]}" \
     >"$OUT/bench_sdpa.txt" 2>"$OUT/bench_sdpa.err" || { status=1; tail -20 "$OUT/bench_sdpa.err"; }
+fi
+if [ $run_exp = 1 ]; then
+  stamp "gpu_experiments"
+  python3 tools/gpu_experiments.py --lib build-gpu/libflashattn.so --bin build-gpu/bin \
+    --out "$OUT/gpu" >"$OUT/experiments.log" 2>&1 || status=1
+  grep -E "meta|done|failed|io |blocks" "$OUT/experiments.log" | cut -c1-400
 fi
 stamp "done (status $status)"
 [ $run_bench = 1 ] && cat "$OUT/bench_sdpa.txt"

@@ -525,11 +525,11 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
                            sQ, rows_o, p.d, tid);
 }
 
-/* Launches the kernel for padded head dim D; sets its shared-memory limit on
- * first use (once per instantiation). */
-template <typename T, int D>
+/* Launches the kernel for padded head dim D with tile shape C (MT, NW, BC,
+ * QREG; the library uses FwdTraits<D>, the block-size experiment others); sets
+ * its shared-memory limit on first use (once per instantiation). */
+template <typename T, int D, typename C = FwdTraits<D>>
 fa_status flash_fwd_launch(const FwdArgs &a, cudaStream_t stream) {
-  using C = FwdTraits<D>;
   constexpr int BR = 16 * C::MT * C::NW;
   const bool ext = is_ext(a);
   /* EXT: one byte per thread for the block-mask tile classes; 32-key tiles

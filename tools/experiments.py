@@ -120,7 +120,7 @@ def exp_fig3(R, out, plt):
 
 
 def log_ticks(ax, xs):
-    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xticks(xs, [str(x) for x in xs], rotation=45 if len(xs) > 6 else 0)
     ax.minorticks_off()
 
 

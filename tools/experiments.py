@@ -17,6 +17,7 @@ GPU experiments with PyTorch SDPA peers are tools/bench_sdpa.py's job (tools/gpu
 
 Usage: tools/experiments.py [--only seeds,fig3,io,grid] [--quick] [--out results/cpu]
                             [--bench build/bin/flashattn-bench] [--threads N]
+       tools/experiments.py --plot-only | --tables [--out results/cpu]  (from the CSVs)
 """
 import argparse
 import csv
@@ -276,6 +277,77 @@ def replot(out, names, plt):
         elif n == "grid":
             pk = os.path.join(out, "peak.json")
             plot_grid(rows, json.load(open(pk)) if os.path.exists(pk) else None, out, plt)
+def md_table(head, rows):
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def num(x, fmt="%.1f"):
+    return fmt % x if isinstance(x, (int, float)) else "-"
+
+
+def tables(out):
+    """Markdown tables of --out's CSVs (what docs/RESULTS.md shows)."""
+    res = []
+    p = os.path.join(out, "seeds.csv")
+    if os.path.exists(p):
+        rows = read_rows(p)
+        res.append("Seeds' comparison\n\n" + md_table(
+            ["impl", "pass", "ms", "GFLOP/s", "extra MiB"],
+            [[r["impl"], r["pass"], num(r["ms"]), num(r["gflops"]),
+              num(r["extra_bytes"] / 2 ** 20, "%.2f") if r["status"] == "ok" else r["status"]]
+             for r in rows]))
+    p = os.path.join(out, "fig3.csv")
+    if os.path.exists(p):
+        rows = read_rows(p)
+        impls = [i for i in ("standard", "flash1", "flash2") if any(r["impl"] == i for r in rows)]
+        body = []
+        for n in sorted({r["Nq"] for r in rows}):
+            line = [n, next(r["B"] for r in rows if r["Nq"] == n)]
+            for ps in ("fwd", "bwd", "fwdbwd"):
+                for i in impls:
+                    m = [r for r in rows if r["Nq"] == n and r["impl"] == i and r["pass"] == ps]
+                    line.append(num(m[0]["ms"]) if m and m[0]["status"] == "ok" else
+                                (m[0]["status"] if m else "-"))
+            for i in impls:
+                m = [r for r in rows if r["Nq"] == n and r["impl"] == i and r["pass"] == "fwdbwd"]
+                line.append(num(m[0]["extra_bytes"] / 2 ** 20, "%.2f")
+                            if m and m[0]["status"] == "ok" else "-")
+            body.append(line)
+        head = ["N", "B"] + ["%s %s ms" % (ps, i) for ps in ("fwd", "bwd", "fwd+bwd")
+                             for i in impls] + ["%s extra MiB" % i for i in impls]
+        res.append("Figure 3 (runtime and extra memory vs N)\n\n" + md_table(head, body))
+    p = os.path.join(out, "io.csv")
+    if os.path.exists(p):
+        rows = read_rows(p)
+        res.append("IO table (forward + backward)\n\n" + md_table(
+            ["impl", "B", "N", "H", "D", "GFLOP", "traffic GB (analytic)", "ms"],
+            [[r["impl"], r["B"], r["N"], r["H"], r["D"], r["gflop"], r["traffic_gb_analytic"],
+              num(r["ms"])] for r in rows]))
+    p = os.path.join(out, "grid.csv")
+    if os.path.exists(p):
+        rows = read_rows(p)
+        pk = os.path.join(out, "peak.json")
+        peak = json.load(open(pk))["fma_gflops"] if os.path.exists(pk) else None
+        body = []
+        for d in sorted({r["D"] for r in rows}):
+            for c in (False, True):
+                for n in sorted({r["Nq"] for r in rows}):
+                    line = [d, "yes" if c else "no", n]
+                    for ps in ("fwd", "bwd", "fwdbwd"):
+                        m = [r for r in rows if r["D"] == d and r["causal"] == c and
+                             r["Nq"] == n and r["pass"] == ps and r["status"] == "ok"]
+                        g = m[0]["gflops"] if m else None
+                        line.append(num(g))
+                        line.append(num(g / peak, "%.2f") if g and peak else "-")
+                    body.append(line)
+        res.append("FlashAttention-2 grid, flash2 GFLOP/s and share of the %s GFLOP/s FMA peak\n\n"
+                   % num(peak) + md_table(["D", "causal", "N", "fwd", "/peak", "bwd", "/peak",
+                                           "fwd+bwd", "/peak"], body))
+    return "\n\n".join(res)
+
+
 STEPS = {"seeds": lambda q: 1, "fig3": lambda q: 6 if q else 8, "io": lambda q: 1,
          "grid": lambda q: 12 if q else 16}
 
@@ -288,11 +360,14 @@ def main():
     ap.add_argument("--bench", default=os.path.join(ROOT, "build", "bin", "flashattn-bench"))
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--plot-only", action="store_true", help="redraw the PNGs from --out's CSVs")
+    ap.add_argument("--tables", action="store_true", help="print --out's CSVs as Markdown tables")
     o = ap.parse_args()
     names = [n for n in o.only.split(",") if n]
     for n in names:
         if n not in EXPERIMENTS:
             ap.error("unknown experiment %r (have: %s)" % (n, ", ".join(EXPERIMENTS)))
+    if o.tables:
+        return print(tables(o.out))
     if o.plot_only:
         plt = plt_or_none()
         if plt is None:

@@ -18,7 +18,7 @@ process: one CSV per experiment (and a PNG each with --plot-only, here or on the
 
 Usage: python3 tools/gpu_experiments.py --lib build-gpu/libflashattn.so --bin build-gpu/bin
            [--only seeds,fig3,io,blocks,grid] [--quick] [--out results/gpu] [--no-ncu]
-       python3 tools/gpu_experiments.py --plot-only [--out results/gpu]
+       python3 tools/gpu_experiments.py --plot-only | --tables [--out results/gpu]
 """
 import argparse
 import csv
@@ -32,7 +32,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from experiments import io_bytes, log_ticks, plt_or_none, read_rows, write_csv  # noqa: E402
+from experiments import io_bytes, log_ticks, md_table, num, plt_or_none, read_rows, write_csv  # noqa: E402
 
 T0 = time.time()
 
@@ -470,6 +470,77 @@ def plot_all(out, plt):
 
 
 # cheapest first: the ncu runs (io) last
+def tables(out):
+    """Markdown tables of --out's CSVs (what docs/RESULTS.md shows)."""
+    res = []
+
+    def val(r, key, fmt="%.2f"):
+        return num(r.get(key), fmt) if r.get("status", "ok") == "ok" else r.get("status", "-")
+    p = os.path.join(out, "seeds.csv")
+    if os.path.exists(p):
+        rows = read_rows(p)
+        res.append("Seeds' comparison\n\n" + md_table(
+            ["impl", "pass", "ms", "TFLOP/s", "extra MiB"],
+            [[r["impl"], r["pass"], val(r, "ms", "%.3f"), val(r, "tflops", "%.1f"),
+              val(r, "extra_MiB", "%.1f")] for r in rows]))
+    p = os.path.join(out, "fig3.csv")
+    if os.path.exists(p):
+        rows = read_rows(p)
+        impls = list(dict.fromkeys(r["impl"] for r in rows))
+        for ps in ("fwd", "bwd", "fwdbwd"):
+            body = []
+            for n in sorted({r["N"] for r in rows}):
+                line = [n]
+                for i in impls:
+                    m = [r for r in rows if r["N"] == n and r["impl"] == i and r["pass"] == ps]
+                    line.append(val(m[0], "ms", "%.3f") if m else "-")
+                body.append(line)
+            res.append("Figure 3, %s ms\n\n" % ps + md_table(["N"] + impls, body))
+        body = []
+        for n in sorted({r["N"] for r in rows}):
+            line = [n]
+            for i in impls:
+                ps = "fwd" if i == "ours standard" else "fwdbwd"
+                m = [r for r in rows if r["N"] == n and r["impl"] == i and r["pass"] == ps]
+                line.append(val(m[0], "extra_MiB", "%.0f") if m else "-")
+            body.append(line)
+        res.append("Figure 3, peak extra MiB of forward+backward (ours standard: forward)\n\n"
+                   + md_table(["N"] + impls, body))
+    p = os.path.join(out, "io.csv")
+    if os.path.exists(p):
+        rows = read_rows(p)
+        res.append("IO table\n\n" + md_table(
+            ["impl", "pass", "GFLOP", "HBM GB analytic", "HBM GB ncu", "kernels", "ms"],
+            [[r["impl"], r["pass"], r["gflop"], r["hbm_gb_analytic"], num(r.get("hbm_gb_ncu"), "%.3f"),
+              r.get("kernels", "-"), val(r, "ms", "%.3f")] for r in rows]))
+    p = os.path.join(out, "blocks.csv")
+    if os.path.exists(p):
+        rows = read_rows(p)
+        res.append("Block sizes (forward)\n\n" + md_table(
+            ["Br", "Bc", "ms", "TFLOP/s", "HBM GB analytic", "HBM GB ncu"],
+            [[r["Br"], r["Bc"], num(r["ms"], "%.3f"), r["tflops"], r["hbm_gb_analytic"],
+              num(r.get("hbm_gb_ncu"), "%.3f")] for r in rows]))
+    p = os.path.join(out, "grid.csv")
+    if os.path.exists(p):
+        rows = read_rows(p)
+        impls = list(dict.fromkeys(r["impl"] for r in rows))
+        for ps in ("fwd", "bwd", "fwdbwd"):
+            sel = [r for r in rows if r["pass"] == ps]
+            im = [i for i in impls if any(r["impl"] == i for r in sel)]
+            body = []
+            for d in sorted({r["D"] for r in sel}):
+                for c in (False, True):
+                    for n in sorted({r["N"] for r in sel}):
+                        line = [d, "yes" if c else "no", n]
+                        for i in im:
+                            m = [r for r in sel if r["D"] == d and r["causal"] == c and
+                                 r["N"] == n and r["impl"] == i]
+                            line.append(num(m[0]["tflops"], "%.0f") if m else "-")
+                        body.append(line)
+            res.append("Grid, %s TFLOP/s\n\n" % ps + md_table(["D", "causal", "N"] + im, body))
+    return "\n\n".join(res)
+
+
 EXPERIMENTS = {"seeds": exp_seeds, "blocks": exp_blocks, "fig3": exp_fig3, "grid": exp_grid,
                "io": exp_io}
 
@@ -483,8 +554,11 @@ def main():
     ap.add_argument("--no-ncu", action="store_true", help="skip the hardware-counter columns")
     ap.add_argument("--out", default="results/gpu")
     ap.add_argument("--plot-only", action="store_true")
+    ap.add_argument("--tables", action="store_true", help="print --out's CSVs as Markdown")
     ap.add_argument("--probe", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.tables:
+        return print(tables(a.out))
     if a.plot_only:
         plt = plt_or_none()
         if plt is None:

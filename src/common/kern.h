@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "common/philox.h"
 #include "flashattn.h"
 
 /* Floats per vector; panel widths and padded dimensions are multiples of it. */
@@ -112,6 +113,12 @@ typedef struct fa_kern {
   void (*pv_kv)(int64_t m, int64_t n, int64_t d, const float *P, int64_t ldp, const void *v,
                 int64_t vs, fa_dtype dt, float *O, int64_t ldo, const float *rowscale,
                 const int32_t *lo, const int32_t *hi, int64_t pf, int64_t npf);
+
+  /* X[t*rs + j*cs] *= dropout's multiplier (0 or keep_scale) of element
+   * (bh, r0 + t, c0 + j), t < nr, j < nc: the Philox4x32-10 words of
+   * common/philox.h, eight counters per vector, bitwise fa_dropout_keep. */
+  void (*dropout)(float *X, int64_t rs, int64_t cs, int64_t nr, int64_t nc, uint64_t bh, int64_t r0,
+                  int64_t c0, const fa_dropout *d);
 } fa_kern;
 
 const fa_kern *fa_kern_get(void);

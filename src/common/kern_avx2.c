@@ -28,6 +28,22 @@ static inline vf vf_from_bits(vi u) { return _mm256_castsi256_ps(u); }
 static inline vi vi_add_shl23(vi u, unsigned k) {
   return _mm256_slli_epi32(_mm256_add_epi32(u, _mm256_set1_epi32((int)k)), 23);
 }
+static inline vi vi_set1(uint32_t x) { return _mm256_set1_epi32((int)x); }
+static inline vi vi_iota(uint32_t x) {
+  return _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), vi_set1(x));
+}
+static inline vi vi_xor(vi a, vi b) { return _mm256_xor_si256(a, b); }
+static inline vi vi_mullo(vi a, uint32_t m) { return _mm256_mullo_epi32(a, vi_set1(m)); }
+static inline vi vi_mulhi(vi a, uint32_t m) { /* high halves of the 64-bit products */
+  const vi mv = vi_set1(m);
+  const vi even = _mm256_srli_epi64(_mm256_mul_epu32(a, mv), 32);
+  const vi odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), mv);
+  return _mm256_blend_epi32(even, odd, 0xAA);
+}
+static inline vf vf_sel_ge_u(vi x, uint32_t t, float a) { /* x >= t (unsigned) ? a : 0 */
+  const vi ge = _mm256_cmpeq_epi32(_mm256_max_epu32(x, vi_set1(t)), x);
+  return _mm256_and_ps(_mm256_castsi256_ps(ge), _mm256_set1_ps(a));
+}
 static inline vf vf_load_f16(const uint16_t *p) {
   return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }

@@ -6,7 +6,10 @@
  *   vf_bits/vf_from_bits (reinterpret), vi_add_shl23(u, k) = (u + k) << 23,
  *   vf_load_f16(const uint16_t *), vf_store_f16(uint16_t *, vf),
  *   vf_sum8(const vf v[8]): lane i = ((v_i0 + v_i1) + (v_i2 + v_i3)) +
- *   ((v_i4 + v_i5) + (v_i6 + v_i7)), the order of AVX's hadd tree.
+ *   ((v_i4 + v_i5) + (v_i6 + v_i7)), the order of AVX's hadd tree;
+ *   for dropout: vi_set1, vi_iota(x) = x + lane, vi_xor, vi_mullo(a, m) and
+ *   vi_mulhi(a, m) (the halves of the 64-bit a * m), vf_sel_ge_u(x, t, a) =
+ *   x >= t (unsigned) ? a : 0.
  * Nothing here depends on the ISA otherwise, so both paths share every
  * summation order and differ only in FMA contraction. */
 #include <math.h>
@@ -638,9 +641,45 @@ static void SFX(store_row)(void *dst, const float *src, float s, fa_dtype dt, in
   }
 }
 
+/* ---- dropout --------------------------------------------------------------- */
+
+/* fa_philox4x32_10 on eight counters: lane g of w[0..3] is counter g's words. */
+static inline void SFX(philox8)(vi w[4], uint32_t k0, uint32_t k1) {
+  for (int r = 0; r < 10; r++) {
+    if (r) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const vi hi0 = vi_mulhi(w[0], 0xD2511F53u), lo0 = vi_mullo(w[0], 0xD2511F53u);
+    const vi hi1 = vi_mulhi(w[2], 0xCD9E8D57u), lo1 = vi_mullo(w[2], 0xCD9E8D57u);
+    w[0] = vi_xor(vi_xor(hi1, w[1]), vi_set1(k0));
+    w[1] = lo1;
+    w[2] = vi_xor(vi_xor(hi0, w[3]), vi_set1(k1));
+    w[3] = lo0;
+  }
+}
+
+/* 32 keys (8 counters of 4 words) per draw; the multipliers go through a
+ * small table because X may be strided along the keys (the forward's S^T). */
+static void SFX(dropout)(float *X, int64_t rs, int64_t cs, int64_t nr, int64_t nc, uint64_t bh,
+                         int64_t r0, int64_t c0, const fa_dropout *d) {
+  float mul[4][8];
+  for (int64_t t = 0; t < nr; t++) {
+    float *x = X + t * rs - c0 * cs; /* x[j * cs] is key j */
+    for (int64_t j = c0 & ~(int64_t)3; j < c0 + nc; j += 32) {
+      vi w[4] = {vi_iota((uint32_t)(j >> 2)), vi_set1((uint32_t)(r0 + t)), vi_set1((uint32_t)bh),
+                 vi_set1(d->offset_lo)};
+      SFX(philox8)(w, d->k0, d->k1);
+      for (int q = 0; q < 4; q++) vf_store(mul[q], vf_sel_ge_u(w[q], d->threshold, d->keep_scale));
+      const int64_t a = j > c0 ? j : c0, b = j + 32 < c0 + nc ? j + 32 : c0 + nc;
+      for (int64_t k = a; k < b; k++) x[k * cs] *= mul[k & 3][(k - j) >> 2];
+    }
+  }
+}
+
 const fa_kern SFX(fa_kern) = {
     KB_ISA,         SFX(gemm),     SFX(softmax_cols), SFX(softmax_rows),
     SFX(exp_rows),  SFX(dsoftmax), SFX(load_panels),  SFX(load_panels_t),
     SFX(store_row), SFX(rowdot),   SFX(exp),          SFX(softmax_step_rows),
-    SFX(load_kv),   SFX(dots_kv),  SFX(pv_kv),
+    SFX(load_kv),   SFX(dots_kv),  SFX(pv_kv),        SFX(dropout),
 };

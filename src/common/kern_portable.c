@@ -35,6 +35,18 @@ static inline vf vf_sel_ne0(vf p, vf a) { return vf_bits_sel(p != 0, a, vf_set1(
 static inline vi vf_bits(vf x) { return (vi)x; }
 static inline vf vf_from_bits(vi u) { return (vf)u; }
 static inline vi vi_add_shl23(vi u, unsigned k) { return (u + k) << 23; }
+static inline vi vi_set1(uint32_t x) { return (vi){x, x, x, x, x, x, x, x}; }
+static inline vi vi_iota(uint32_t x) { return (vi){0, 1, 2, 3, 4, 5, 6, 7} + x; }
+static inline vi vi_xor(vi a, vi b) { return a ^ b; }
+static inline vi vi_mullo(vi a, uint32_t m) { return a * m; }
+static inline vi vi_mulhi(vi a, uint32_t m) {
+  vi r;
+  for (int i = 0; i < 8; i++) r[i] = (uint32_t)(((uint64_t)a[i] * m) >> 32);
+  return r;
+}
+static inline vf vf_sel_ge_u(vi x, uint32_t t, float a) {
+  return vf_bits_sel((vm)(x >= t), vf_set1(a), vf_set1(0.0f));
+}
 static inline vf vf_load_f16(const uint16_t *p) {
   float t[8];
   for (int i = 0; i < 8; i++) t[i] = fa_f16_to_f32(p[i]);

@@ -221,17 +221,11 @@ static inline void cpu_block_fill(const cpu_ctx *c, const cpu_unit *u, float *S,
 }
 
 /* X(t, jj) = X[t*rs + jj*cs] *= dropout's multiplier of (row r0+t, key c0+jj):
- * 0 or 1/(1-p). One Philox draw covers four keys (docs/DROPOUT.md). */
+ * 0 or 1/(1-p) (docs/DROPOUT.md; the kernel draws eight Philox counters at once). */
 static inline void cpu_dropout_apply(const cpu_ctx *c, const cpu_unit *u, float *X, int64_t rs,
                                      int64_t cs, int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
   const uint64_t bh = (uint64_t)(u->s * c->pb->heads_q + u->h);
-  const float ks = c->drop.keep_scale;
-  for (int64_t t = 0; t < nr; t++)
-    for (int64_t j = c0; j < c0 + nc; j = (j | 3) + 1) {
-      const fa_u32x4 r = fa_dropout_bits(&c->drop, bh, r0 + t, j);
-      for (int64_t q = j; q <= (j | 3) && q < c0 + nc; q++)
-        X[t * rs + (q - c0) * cs] *= r.v[q & 3] >= c->drop.threshold ? ks : 0.0f;
-    }
+  c->kn->dropout(X, rs, cs, nr, nc, bh, r0, c0, &c->drop);
 }
 
 /* Decode path (cpu/decode.c): FLASH2 forward when every K/V head has at most

@@ -1,7 +1,8 @@
-/* Body of the standard algorithm, included by standard.c once per REAL
- * (double for the oracle, float otherwise). Work unit: one (sequence, head)
- * in the forward pass, one (sequence, K/V head) in the backward pass (so the
- * GQA sum over a group needs no atomics). Each thread owns a workspace slice. */
+/* Body of the standard algorithm, included by standard.c with REAL double:
+ * the float64 oracle (f32/f16/bf16 storage runs standard_fast.c). Work unit:
+ * one (sequence, head) in the forward pass, one (sequence, K/V head) in the
+ * backward pass (so the GQA sum over a group needs no atomics). Each thread
+ * owns a workspace slice. */
 
 /* Per-thread slice: `matrices` Nq x Nk matrices, `kd_rows` Nk x D blocks and
  * four D-vectors and one Nk-vector, all in REAL. */
@@ -64,11 +65,11 @@ static REAL SFX(ref_dropout)(const fa_dropout *dr, float p, uint64_t bh, int64_t
 }
 
 /* P = softmax(masked, capped, biased scale * Q K^T) for query head h of
- * sequence s, one row of nk per query row. tanh_out (optional) receives tanh(scale*qk/softcap) for the
- * backward chain rule; lse_out (optional) each row's log-sum-exp. */
+ * sequence s, one row of nk per query row. tanh_out (optional) receives tanh(scale*qk/softcap) for
+ * the backward chain rule; lse_out (optional) each row's log-sum-exp. */
 static void SFX(ref_probabilities)(const fa_problem *pb, int64_t s, const fa_seq *sq,
-                                   const fa_mask *mk, int64_t h, REAL slope, const REAL *kb, REAL *p,
-                                   REAL *tanh_out, REAL *qrow, float *lse_out) {
+                                   const fa_mask *mk, int64_t h, REAL slope, const REAL *kb,
+                                   REAL *p, REAL *tanh_out, REAL *qrow, float *lse_out) {
   const float cap = pb->params->softcap;
   const int64_t D = pb->headdim, nk = sq->nk;
   for (int64_t i = 0; i < sq->nq; i++) {
@@ -114,8 +115,8 @@ static fa_status SFX(ref_forward)(const fa_problem *pb) {
     const int64_t s = u / pb->heads_q, h = u % pb->heads_q, hk = h / pb->group;
     const fa_seq sq = fa_problem_seq(pb, s);
     const fa_params *pr = pb->params;
-    const fa_mask mk = fa_mask_make(sq.nq, sq.nk, pr->causal, pr->window_enabled,
-                                    pr->window_left, pr->window_right);
+    const fa_mask mk = fa_mask_make(sq.nq, sq.nk, pr->causal, pr->window_enabled, pr->window_left,
+                                    pr->window_right);
     REAL *p = (REAL *)((char *)pb->workspace + (size_t)omp_get_thread_num() * slice);
     REAL *kb = p + (size_t)pb->max_seqlen_q * (size_t)pb->max_seqlen_k;
     REAL *vb = kb + pb->max_seqlen_k * D, *qrow = vb + pb->max_seqlen_k * D, *orow = qrow + D;
@@ -151,8 +152,8 @@ static fa_status SFX(ref_backward)(const fa_problem *pb) {
     const int64_t s = u / pb->heads_k, hk = u % pb->heads_k;
     const fa_seq sq = fa_problem_seq(pb, s);
     const fa_params *pr = pb->params;
-    const fa_mask mk = fa_mask_make(sq.nq, sq.nk, pr->causal, pr->window_enabled,
-                                    pr->window_left, pr->window_right);
+    const fa_mask mk = fa_mask_make(sq.nq, sq.nk, pr->causal, pr->window_enabled, pr->window_left,
+                                    pr->window_right);
     const int64_t nk = sq.nk, MK = pb->max_seqlen_k;
     REAL *p = (REAL *)((char *)pb->workspace + (size_t)omp_get_thread_num() * slice);
     REAL *ds = p + nn, *kb = ds + nn, *vb = kb + MK * D, *dkb = vb + MK * D, *dvb = dkb + MK * D;

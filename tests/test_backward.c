@@ -66,6 +66,24 @@ static void reg_seqlens(void) {
           reg("seqlen", c);
         }
       }
+  /* The standard algorithm: fully masked rows (causal, Nq > Nk) in every dtype,
+   * one query row and one key (P's padding to 16 columns) in float32. */
+  static const int spairs[][2] = {{1, 129}, {129, 1}, {1, 1}};
+  for (int t = 0; t < 3; t++) {
+    acfg c = acfg_default();
+    c.algo = FA_ALGO_STANDARD;
+    c.dtype = k_dtypes[t];
+    c.nq = 129;
+    c.nk = 17;
+    c.causal = 1;
+    reg("seqlen", c);
+    c.dtype = FA_DTYPE_F32;
+    c.nq = spairs[t][0];
+    c.nk = spairs[t][1];
+    c.causal = t == 1;
+    c.d = 32;
+    reg("seqlen", c);
+  }
   acfg c = acfg_default();
   c.backward = 1;
   c.nq = c.nk = 1000;
@@ -98,15 +116,18 @@ static void reg_masks(void) {
         c.wr = wins[w][1];
         reg("window", c);
       }
-  acfg c = acfg_default();
-  c.algo = FA_ALGO_STANDARD;
-  c.dtype = FA_DTYPE_BF16;
-  c.nq = 90;
-  c.nk = 60;
-  c.window = 1;
-  c.wl = 7;
-  c.wr = 2;
-  reg("window", c);
+  for (int t = 0; t < 3; t++) {
+    acfg c = acfg_default();
+    c.algo = FA_ALGO_STANDARD;
+    c.dtype = k_dtypes[t];
+    c.nq = 90;
+    c.nk = 60;
+    c.window = 1;
+    c.wl = 7;
+    c.wr = 2;
+    c.causal = t == 1;
+    reg("window", c);
+  }
 }
 
 static void reg_features(void) {

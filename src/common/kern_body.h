@@ -127,8 +127,11 @@ static void SFX(gemm)(const fa_gemm *g) {
     const int nv = (int)((g->n - j0 < g->bw ? g->n - j0 : g->bw) / FA_VL);
     const int MR = SFX(ukr_mr)[nv];
     const float *bp = g->b + j0 / g->bw * g->bps;
-    for (int64_t i0 = 0; i0 < g->m; i0 += MR) {
-      const int mr = (int)(g->m - i0 < MR ? g->m - i0 : MR);
+    for (int64_t i0 = 0, mr; i0 < g->m; i0 += mr) {
+      mr = (int)(g->m - i0 < MR ? g->m - i0 : MR);
+      /* 8 rows left: 4 + 4, not 6 + 2 (a 2-row tile has too few accumulators
+       * to cover the FMA latency); rows are independent, so same bits */
+      if (MR == 6 && g->m - i0 == 8) mr = 4;
       const float *ap = g->a + i0 * g->rsa;
       float *cp = g->c + i0 * g->ldc + j0;
       const float *rs = g->rowscale ? g->rowscale + i0 : NULL;

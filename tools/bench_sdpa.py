@@ -152,6 +152,20 @@ class Ours:
         return fn
 
 
+def peak_extra(fn):
+    """Peak bytes allocated during one call of fn above what was allocated before it (the
+    inputs); outputs and workspace count."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    r = fn()
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    del r
+    return extra
+
+
 def time_ms(fn, warmup, reps):
     for _ in range(warmup):
         fn()
@@ -234,14 +248,7 @@ def fwd_grid(a, ours, results):
              ("ours flash2", lambda: ours.forward(q, k, v, True))]
     for name, fn in impls:
         fn()
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        out = fn()
-        torch.cuda.synchronize()
-        extra = torch.cuda.max_memory_allocated() - base
-        del out
+        extra = peak_extra(fn)
         t = time_ms(fn, a.warmup, a.reps)
         seeds.append({"impl": name, "ms": t, "extra_MiB": extra / 2**20})
     results["seeds"] = seeds
@@ -359,15 +366,8 @@ def mem_table(a, ours, results):
                 return torch.autograd.grad(out, (qg, kg, vg), do)
             impls.append((name, sd))
         for name, fn in impls:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
             try:
-                g = fn()
-                torch.cuda.synchronize()
-                r[name] = (torch.cuda.max_memory_allocated() - base) / 2**20
-                del g
+                r[name] = peak_extra(fn) / 2**20
             except torch.OutOfMemoryError:
                 r[name] = None
             torch.cuda.empty_cache()

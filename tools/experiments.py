@@ -154,8 +154,8 @@ def plot_fig3(rows, out, plt):
         fig.savefig(os.path.join(out, "fig3.png"), dpi=110)
 
 
-def io_bytes(impl, n, d, h, b, es, br, bc):
-    """Analytic memory traffic (bytes) of forward + backward, per the papers' counting:
+def io_bytes(impl, n, d, h, b, es, br, bc, backward=True):
+    """Analytic memory traffic (bytes) of forward (+ backward), per the papers' counting:
     standard reads/writes S and P (Theorem 2: Θ(Nd + N²)); flash re-reads K, V once per
     query block in the forward, Q, dO, O once per key block in the backward (Θ(N²d²/M))."""
     nd, nn = n * d, n * n
@@ -166,7 +166,7 @@ def io_bytes(impl, n, d, h, b, es, br, bc):
         tr, tc = math.ceil(n / br), math.ceil(n / bc)
         fwd = nd + tr * 2 * nd + nd  # Q once, K and V per query block, O
         bwd = 2 * nd + tc * 4 * nd + 3 * nd  # K,V; Q,dO,O,dQ per key block; dQ,dK,dV
-    return (fwd + bwd) * es * b * h
+    return (fwd + (bwd if backward else 0)) * es * b * h
 
 
 def exp_io(R, out, plt):

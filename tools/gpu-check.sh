@@ -7,11 +7,13 @@
 # build-gpu/out.
 # Usage: tools/gpu-check.sh [--no-test] [--no-sanitize] [--no-bench] [--quick-bench]
 #          [--fwd-only | --bwd-only] [--no-mem] [--tune NAME=FLAGS]... [--experiments]
-#          [--prebuilt=TARBALL]
+#          [--prebuilt=TARBALL] [--build-only]
 #   --experiments: also run tools/gpu_experiments.py (the papers' tables, CSV into
 #   $OUT/gpu; plot them anywhere with --plot-only).
 #   --prebuilt=TARBALL: skip the build and unpack build-gpu from TARBALL instead
 #   (made here by tools/pack-gpu-build.sh, to spend no device time compiling).
+#   --build-only: build build-gpu and stop (any machine with nvcc; what
+#   tools/pack-gpu-build.sh packs).
 #   --tune NAME=FLAGS: also build the library with CMAKE_CUDA_FLAGS=FLAGS (e.g.
 #   "b128=-DFA_BWD128_BR=64 -DFA_BWD128_NW=8") into build-gpu-NAME and time
 #   only ours with it (same grid), before the main benchmark.
@@ -20,7 +22,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/build-gpu/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-run_test=1 run_san=1 run_bench=1 run_exp=0 prebuilt= bench_args=() tunes=()
+run_test=1 run_san=1 run_bench=1 run_exp=0 build_only=0 prebuilt= bench_args=() tunes=()
 for a in "$@"; do
   case "$a" in
     --no-test) run_test=0 ;;
@@ -33,6 +35,7 @@ for a in "$@"; do
     --tune=*) tunes+=("${a#--tune=}") ;;
     --experiments) run_exp=1 ;;
     --prebuilt=*) prebuilt=${a#--prebuilt=} ;;
+    --build-only) build_only=1 ;;
     *) echo "unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -40,7 +43,8 @@ status=0
 t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+[ $build_only = 1 ] || nvidia-smi --query-gpu=name,driver_version,memory.total \
+  --format=csv,noheader | tee "$OUT/gpu.txt"
 # the C test suite and flashattn-bench only when their sources are there
 tests=ON; ls tests/*.c >/dev/null 2>&1 || tests=OFF
 bench=ON; ls bench/*.c >/dev/null 2>&1 || bench=OFF
@@ -60,6 +64,7 @@ else
     exit 1
   fi
 fi
+[ $build_only = 1 ] && exit 0
 
 if [ $run_test = 1 ]; then
   stamp "test_cuda"

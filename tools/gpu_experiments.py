@@ -24,7 +24,6 @@ import argparse
 import csv
 import datetime
 import json
-import math
 import os
 import subprocess
 import sys
@@ -65,27 +64,10 @@ ALGO = {"standard": 2, "flash1": 1, "flash2": 0}
 
 def make_fns(impl, q, k, v, do, causal, ours):
     """(fwd, bwd, fwd_bwd) closures; None where the implementation has no such pass."""
-    if impl.startswith("sdpa "):
+    if impl.startswith("sdpa "):  # bench_sdpa's closures (its bwd runs the forward once now)
         be = backend(impl[5:])
-        qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
-
-        def fwd():
-            with sdpa_kernel([be]):
-                return F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
-
-        def fwd_nograd():
-            with torch.no_grad():
-                return fwd()
-        state = {}
-
-        def bwd():
-            if "out" not in state:
-                state["out"] = fwd()
-            return torch.autograd.grad(state["out"], (qg, kg, vg), do, retain_graph=True)
-
-        def fwd_bwd():
-            return torch.autograd.grad(fwd(), (qg, kg, vg), do)
-        return fwd_nograd, bwd, fwd_bwd
+        fwd = bs.sdpa_fn(be, q, k, v, causal)
+        return (lambda: torch.no_grad()(fwd)(),) + bs.sdpa_grad_fns(be, q, k, v, do, causal)
     algo = ALGO[impl.split()[1]]
     B, H, N, D = q.shape
 
@@ -122,18 +104,12 @@ def timed(fn, budget_ms=300.0):
     return bs.time_ms(fn, 1 if first > 50 else 3, reps)
 
 
-def peak_extra(fn):
-    """Peak bytes allocated by one call above what was allocated before it (inputs);
-    outputs and workspace count."""
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    r = fn()
-    torch.cuda.synchronize()
-    extra = torch.cuda.max_memory_allocated() - base
-    del r
-    return extra
+def failure(ex):
+    """A run's status from its exception: "oom" when memory ran out."""
+    msg = str(ex).split("\n")[0]
+    low = msg.lower()
+    oom = isinstance(ex, torch.OutOfMemoryError) or "out of memory" in low or "alloc" in low
+    return "oom" if oom else "error: " + msg[:100]
 
 
 def measure(impl, q, k, v, do, causal, ours, passes, want_mem):
@@ -141,8 +117,8 @@ def measure(impl, q, k, v, do, causal, ours, passes, want_mem):
     rows = []
     try:
         fns = dict(zip(("fwd", "bwd", "fwdbwd"), make_fns(impl, q, k, v, do, causal, ours)))
-    except Exception as ex:
-        return [dict(impl=impl, status="error: " + str(ex).split("\n")[0][:100])]
+    except Exception as ex:  # e.g. out of memory in SDPA's eager forward
+        return [dict(impl=impl, status=failure(ex))]
     for ps in passes:
         fn = fns[ps]
         if fn is None:
@@ -150,15 +126,11 @@ def measure(impl, q, k, v, do, causal, ours, passes, want_mem):
         r = dict(impl=impl, **{"pass": ps})
         try:
             if want_mem and ps != "bwd":
-                r["extra_MiB"] = round(peak_extra(fn) / 2 ** 20, 2)
+                r["extra_MiB"] = round(bs.peak_extra(fn) / 2 ** 20, 2)
             r["ms"] = timed(fn)
             r["status"] = "ok"
-        except torch.OutOfMemoryError:
-            r["status"] = "oom"
         except RuntimeError as ex:
-            msg = str(ex).split("\n")[0]
-            low = msg.lower()
-            r["status"] = "oom" if "out of memory" in low or "alloc" in low else "error: " + msg[:100]
+            r["status"] = failure(ex)
         rows.append(r)
         torch.cuda.empty_cache()
     del fns
@@ -237,25 +209,22 @@ def probe(a, ours):
 NCU_METRICS = "dram__bytes_read.sum,dram__bytes_write.sum"
 
 
-def ncu_bytes(cmd):
-    """Sum of DRAM bytes read and written over the kernels ncu profiled, and their count."""
-    full = ["ncu", "--profile-from-start", "off", "--clock-control", "none", "--metrics",
-            NCU_METRICS, "--csv", "--print-units", "base"] + cmd
+def ncu_kernels(args):
+    """ncu's DRAM bytes (read + written) of each kernel it profiled, in launch order."""
+    full = ["ncu", "--clock-control", "none", "--metrics", NCU_METRICS, "--csv", "--print-units",
+            "base"] + args
     out = subprocess.run(full, capture_output=True, text=True, timeout=120)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith('"')]
     if not lines:
         raise RuntimeError("ncu printed no CSV: " + (out.stderr or out.stdout)[-300:])
-    rd = csv.DictReader(lines)
-    total, kernels = 0.0, []
-    for row in rd:
+    per = {}
+    for row in csv.DictReader(lines):
         try:
             val = float(str(row.get("Metric Value", "")).replace(",", ""))
-        except ValueError:
+            per[int(row["ID"])] = per.get(int(row["ID"]), 0.0) + val
+        except (ValueError, KeyError):
             continue
-        total += val
-        if row.get("Metric Name") == "dram__bytes_read.sum":
-            kernels.append(row.get("Kernel Name", "")[:60])
-    return total, kernels
+    return [per[i] for i in sorted(per)]
 
 
 def exp_io(a, ours, meta):
@@ -272,16 +241,14 @@ def exp_io(a, ours, meta):
         r["gflop"] = round(fl * (1 if ps == "fwd" else 3.5) / 1e9, 1)
         kind = "standard" if impl in ("sdpa math", "ours standard") else "flash"
         # our tile sizes at D=64: forward Br=128, backward Bc=128 (src/cuda/*_kernel.cuh)
-        b = io_bytes(kind, s["N"], s["D"], s["H"], s["B"], 2, 128, 128)
-        if ps == "fwd":
-            nd, nn, tr = s["N"] * s["D"], s["N"] ** 2, math.ceil(s["N"] / 128)
-            b = (4 * nd + 4 * nn if kind == "standard" else 2 * nd + 2 * tr * nd) * 2 * s["B"] * s["H"]
+        b = io_bytes(kind, s["N"], s["D"], s["H"], s["B"], 2, 128, 128, backward=ps != "fwd")
         r["hbm_gb_analytic"] = round(b / 1e9, 3)
         if not a.no_ncu:
             try:
-                tot, ks = ncu_bytes([sys.executable, os.path.abspath(__file__), "--lib", a.lib,
-                                     "--probe", "%s:%s" % (impl, ps)])
-                r["hbm_gb_ncu"] = round(tot / 1e9, 3)
+                ks = ncu_kernels(["--profile-from-start", "off", sys.executable,
+                                  os.path.abspath(__file__), "--lib", a.lib, "--probe",
+                                  "%s:%s" % (impl, ps)])
+                r["hbm_gb_ncu"] = round(sum(ks) / 1e9, 3)
                 r["kernels"] = len(ks)
             except Exception as ex:  # no counters here (gVisor) or ncu missing
                 r["ncu_error"] = str(ex)[:200]
@@ -300,18 +267,7 @@ def exp_blocks(a, ours, meta):
     rows = [json.loads(ln) for ln in out.stdout.splitlines() if ln.startswith("{")]
     if not a.no_ncu:
         try:
-            full = ["ncu", "--clock-control", "none", "--kernel-name", "regex:flash_fwd_kernel",
-                    "--metrics", NCU_METRICS, "--csv", "--print-units", "base", exe, "--once"]
-            res = subprocess.run(full, capture_output=True, text=True, timeout=120)
-            lines = [ln for ln in res.stdout.splitlines() if ln.startswith('"')]
-            per = {}
-            for row in csv.DictReader(lines):
-                try:
-                    per.setdefault(int(row["ID"]), 0.0)
-                    per[int(row["ID"])] += float(row["Metric Value"].replace(",", ""))
-                except (ValueError, KeyError):
-                    continue
-            vals = [per[i] for i in sorted(per)]
+            vals = ncu_kernels(["--kernel-name", "regex:flash_fwd_kernel", exe, "--once"])
             if len(vals) == len(rows):  # one launch per configuration, in order
                 for r, b in zip(rows, vals):
                     r["hbm_bytes_ncu"] = b

@@ -322,6 +322,12 @@ STYLE = {"ours flash2": "C0", "ours": "C0", "ours standard": "C1", "ours flash1"
          "ours_det": "C8"}
 
 
+def for_pass(r, ps):
+    """r belongs to pass ps; a row with no pass is a failure before any pass ran (measure's
+    make_fns, e.g. out of memory building SDPA math's graph) and stands for every pass."""
+    return r["pass"] == ps or r["pass"] in ("", None)
+
+
 def plot_all(out, plt):
     meta = {}
     if os.path.exists(os.path.join(out, "meta.json")):
@@ -354,7 +360,7 @@ def plot_all(out, plt):
                 if pts:
                     ax[i].plot(*zip(*pts), marker="o", label=impl, color=STYLE[impl])
                 oom = [r["N"] for r in rows
-                       if r["impl"] == impl and r["pass"] == ps and r["status"] == "oom"]
+                       if r["impl"] == impl and for_pass(r, ps) and r["status"] == "oom"]
                 if oom and pts:
                     ax[i].plot([min(oom)], [pts[-1][1]], marker="x", ms=10, color=STYLE[impl])
             ax[i].set(xscale="log", yscale="log", xlabel="sequence length", ylabel="ms",
@@ -448,7 +454,7 @@ def tables(out):
             for n in sorted({r["N"] for r in rows}):
                 line = [n]
                 for i in impls:
-                    m = [r for r in rows if r["N"] == n and r["impl"] == i and r["pass"] == ps]
+                    m = [r for r in rows if r["N"] == n and r["impl"] == i and for_pass(r, ps)]
                     line.append(val(m[0], "ms", "%.3f") if m else "-")
                 body.append(line)
             res.append("Figure 3, %s ms\n\n" % ps + md_table(["N"] + impls, body))
@@ -457,7 +463,7 @@ def tables(out):
             line = [n]
             for i in impls:
                 ps = "fwd" if i == "ours standard" else "fwdbwd"
-                m = [r for r in rows if r["N"] == n and r["impl"] == i and r["pass"] == ps]
+                m = [r for r in rows if r["N"] == n and r["impl"] == i and for_pass(r, ps)]
                 line.append(val(m[0], "extra_MiB", "%.0f") if m else "-")
             body.append(line)
         res.append("Figure 3, peak extra MiB of forward+backward (ours standard: forward)\n\n"
@@ -480,6 +486,8 @@ def tables(out):
     if os.path.exists(p):
         rows = read_rows(p)
         impls = list(dict.fromkeys(r["impl"] for r in rows))
+        mp = os.path.join(out, "meta.json")
+        peak = json.load(open(mp)).get("matmul_tflops") if os.path.exists(mp) else None
         for ps in ("fwd", "bwd", "fwdbwd"):
             sel = [r for r in rows if r["pass"] == ps]
             im = [i for i in impls if any(r["impl"] == i for r in sel)]
@@ -488,12 +496,23 @@ def tables(out):
                 for c in (False, True):
                     for n in sorted({r["N"] for r in sel}):
                         line = [d, "yes" if c else "no", n]
+                        t = {}
                         for i in im:
                             m = [r for r in sel if r["D"] == d and r["causal"] == c and
                                  r["N"] == n and r["impl"] == i]
-                            line.append(num(m[0]["tflops"], "%.0f") if m else "-")
+                            t[i] = m[0]["tflops"] if m and m[0]["tflops"] != "" else None
+                            line.append(num(t[i], "%.0f"))
+                        # ours against SDPA's FlashAttention-2, and the shares of the matmul peak
+                        line.append(num(t["ours"] / t["flash"], "%.2f")
+                                    if t.get("ours") and t.get("flash") else "-")
+                        if peak:
+                            line += [num(t[i] / peak, "%.2f") if t.get(i) else "-"
+                                     for i in ("ours", "flash", "cudnn")]
                         body.append(line)
-            res.append("Grid, %s TFLOP/s\n\n" % ps + md_table(["D", "causal", "N"] + im, body))
+            extra = ["ours/flash"] + (["ours/peak", "flash/peak", "cudnn/peak"] if peak else [])
+            res.append("Grid, %s TFLOP/s%s\n\n" % (ps, " (peak: %.0f TFLOP/s bf16 matmul)" % peak
+                                                     if peak else "")
+                       + md_table(["D", "causal", "N"] + im + extra, body))
     return "\n\n".join(res)
 
 

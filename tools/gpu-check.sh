@@ -67,6 +67,11 @@ fi
 [ $build_only = 1 ] && exit 0
 
 if [ $run_test = 1 ]; then
+  if [ -x build-gpu/bin/test_wgmma ]; then
+    stamp "test_wgmma (Hopper tile primitives)"
+    ./build-gpu/bin/test_wgmma 2>&1 | tee "$OUT/test_wgmma.log" | tail -8
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  fi
   stamp "test_cuda"
   ./build-gpu/bin/test_cuda -v >"$OUT/test_cuda.log" 2>&1 || status=1
   grep -E "^FAIL|passed" "$OUT/test_cuda.log" | tail -30

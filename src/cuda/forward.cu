@@ -30,6 +30,7 @@
 #include "common/philox.h"
 #include "forward_kernel.cuh"
 #include "layout.cuh"
+#include "sm90/sm90.h"
 
 namespace {
 
@@ -69,6 +70,11 @@ fa_status flash_forward(const fa_problem *pb) {
   a.o_sb = pb->o.stride_batch, a.o_ss = pb->o.stride_seq, a.o_sh = pb->o.stride_head;
   fa::fill_common_args(a, pb);
   cudaStream_t s = (cudaStream_t)pr->stream;
+#ifdef FA_HAVE_SM90A
+  if (fa::sm90_device() && fa::sm90_forward_covers(a))
+    return pb->dtype == FA_DTYPE_F16 ? fa::sm90_forward<__half>(a, s)
+                                     : fa::sm90_forward<__nv_bfloat16>(a, s);
+#endif
   return pb->dtype == FA_DTYPE_F16 ? flash_dispatch<__half>(a, s)
                                    : flash_dispatch<__nv_bfloat16>(a, s);
 }

@@ -1,0 +1,373 @@
+/* FlashAttention-2 forward on Hopper: warpgroup MMA (wgmma, sm_90a) fed by the
+ * tensor copy engine (TMA), with warp specialisation.
+ *
+ * The algorithm is forward_kernel.cuh's; the machinery is Hopper's. A thread
+ * block computes BR = 64 * NWG query rows of one (sequence, head) with NWG + 1
+ * warpgroups: warpgroup 0 is the producer (one thread issues TMA copies of Q
+ * and of each K and V tile into ST-deep rings), warpgroups 1..NWG consume,
+ * each owning 64 query rows. Tiles are stored in the 128-byte swizzled layout
+ * that TMA writes and wgmma reads (wgmma.cuh). mbarriers hand stages back and
+ * forth: full[s] completes when the copy engine delivered the bytes, empty[s]
+ * when every consumer warp is done reading. Per key tile, each consumer:
+ *   S = Q K_j^T   wgmma, both operands from shared memory, f32 accumulators
+ *   P = online softmax of S, in the accumulators (log2 domain, exp2)
+ *   O += P V_j    wgmma, P from registers (the accumulator layout is the A
+ *                 fragment layout), V from shared memory as an MN-major operand
+ * The producer gives its registers to the consumers (setmaxnreg). Key tiles
+ * run from the last to the first, so a causal block's masked tiles come first
+ * and the rest carry no masking arithmetic.
+ *
+ * Covers the plain score path (no softcap, ALiBi, dropout or block mask) at
+ * padded head dims 64 and 128; forward.cu sends everything else to the sm_80
+ * kernels. Built only for sm_90a; other targets compile an empty body. */
+#include <cuda.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../forward_kernel.cuh"
+#include "sm90.h"
+#include "wgmma.cuh"
+
+namespace fa {
+namespace sm90 {
+
+template <int D>
+struct FwdShape {
+  static constexpr int NWG = 2, BR = 64 * NWG, BC = 128, ST = 2;
+  static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
+};
+
+struct FwdParams {
+  FwdArgs a;
+  CUtensorMap tq, tk, tv; /* (d, seqlen, heads, batch) boxes of 64 columns */
+};
+
+template <int D>
+struct FwdSmem {
+  using S = FwdShape<D>;
+  static constexpr uint32_t QBYTES = S::BR * D * 2, TBYTES = S::BC * D * 2;
+  static constexpr uint32_t K0 = QBYTES, V0 = K0 + S::ST * TBYTES, BARS = V0 + S::ST * TBYTES;
+  /* barriers: q_full, k_full[ST], v_full[ST], k_empty[ST], v_empty[ST]; plus
+   * 1 KB to align the base to 1024 bytes */
+  static constexpr size_t BYTES = BARS + 8 * (1 + 4 * S::ST) + 1024;
+};
+
+/* Online softmax over one S tile held as accumulators s (rows g and g + 8 of
+ * the warp's 16): folds the tile into m and l, rescales o, leaves P in s. */
+template <bool MASK, int BC, int D>
+__device__ __forceinline__ void softmax_tile(float (&s)[BC / 8][4], float (&o)[D / 8][4],
+                                             float (&m)[2], float (&l)[2], float mul, int c0,
+                                             const int (&lo)[2], const int (&hi)[2], int t) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < BC / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float x = s[j][2 * r + e];
+        if constexpr (MASK) {
+          const int col = c0 + j * 8 + 2 * t + e;
+          if (col < lo[r] || col >= hi[r]) x = -INFINITY;
+          s[j][2 * r + e] = x;
+        }
+        mx = fmaxf(mx, x);
+      }
+    float base;
+    const float alpha = online_rescale(m[r], mx, mul, &base);
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < BC / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float pe = exp2f(fmaf(s[j][2 * r + e], mul, -base));
+        s[j][2 * r + e] = pe;
+        sum += pe;
+      }
+    l[r] = l[r] * alpha + sum;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      o[j][2 * r] *= alpha;
+      o[j][2 * r + 1] *= alpha;
+    }
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
+    fwd_kernel(const __grid_constant__ FwdParams P) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using S = FwdShape<D>;
+  using L = FwdSmem<D>;
+  constexpr int BR = S::BR, BC = S::BC, ST = S::ST, NC = S::NWG * 128; /* consumer threads */
+  const FwdArgs &p = P.a;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t sQ = (smem_addr(smem_raw) + 1023) & ~1023u;
+  const uint32_t q_full = sQ + L::BARS;
+  auto k_full = [&](int st) { return q_full + 8 * (1 + st); };
+  auto v_full = [&](int st) { return q_full + 8 * (1 + ST + st); };
+  auto k_empty = [&](int st) { return q_full + 8 * (1 + 2 * ST + st); };
+  auto v_empty = [&](int st) { return q_full + 8 * (1 + 3 * ST + st); };
+
+  const int b = blockIdx.z, h = blockIdx.y;
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const SeqView sv = seq_view(p, b);
+  const int nq = sv.nq, nk = sv.nk;
+  const int r0 = m_block * BR;
+  if (r0 >= nq) return;
+  const int rows = min(BR, nq - r0);
+
+  int64_t klo, khi;
+  const fa_mask mk =
+      fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
+  fa_mask_block_range(&mk, r0, r0 + rows, &klo, &khi);
+  const int n_begin = (int)(klo / BC);
+  const int n_end = khi > klo ? (int)((khi + BC - 1) / BC) : n_begin;
+
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    mbar_init(q_full, 1);
+    for (int st = 0; st < ST; ++st) {
+      mbar_init(k_full(st), 1);
+      mbar_init(v_full(st), 1);
+      mbar_init(k_empty(st), NC / 32); /* one arrival per consumer warp */
+      mbar_init(v_empty(st), NC / 32);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (tid < 128) { /* ---- producer warpgroup ---- */
+    regs_dealloc<S::PRODUCER_REGS>();
+    if (tid == 0) {
+      const int hk = h / p.group, qrow = (int)(sv.q0 + r0), krow = (int)sv.k0;
+      const int qb = (int)sv.qb, kb = (int)sv.kb;
+      mbar_expect_tx(q_full, L::QBYTES);
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c)
+        tma_load_4d(sQ + c * BR * 128, &P.tq, q_full, c * 64, qrow, h, qb);
+      for (int i = 0, n = n_end - 1; n >= n_begin; --n, ++i) {
+        const int st = i % ST, ph = (i / ST) & 1;
+        mbar_wait(k_empty(st), ph ^ 1);
+        mbar_expect_tx(k_full(st), L::TBYTES);
+#pragma unroll
+        for (int c = 0; c < D / 64; ++c)
+          tma_load_4d(sQ + L::K0 + st * L::TBYTES + c * BC * 128, &P.tk, k_full(st), c * 64,
+                      krow + n * BC, hk, kb);
+        mbar_wait(v_empty(st), ph ^ 1);
+        mbar_expect_tx(v_full(st), L::TBYTES);
+#pragma unroll
+        for (int c = 0; c < D / 64; ++c)
+          tma_load_4d(sQ + L::V0 + st * L::TBYTES + c * BC * 128, &P.tv, v_full(st), c * 64,
+                      krow + n * BC, hk, kb);
+      }
+    }
+    return;
+  }
+
+  /* ---- consumer warpgroups ---- */
+  regs_alloc<S::CONSUMER_REGS>();
+  int64_t t_lo, t_hi;
+  fa_mask_row_range(&mk, r0 + rows - 1, &t_lo, &t_hi);
+  const int lo_max = (int)t_lo; /* columns every row of the block sees */
+  fa_mask_row_range(&mk, r0, &t_lo, &t_hi);
+  const int hi_min = (int)t_hi;
+  const int ctid = tid - 128, wg = ctid >> 7, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int wrow = wg * 64 + ((ctid >> 5) & 3) * 16; /* this warp's first row in the block */
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  const float mul = p.scale_log2;
+  const uint32_t q_base = sQ + wg * 64 * 128; /* this warpgroup's 64 rows of Q */
+  mbar_wait(q_full, 0);
+
+  auto step = [&](const int n, const int i, auto masked) {
+    constexpr bool MASK = decltype(masked)::value;
+    const int st = i % ST, ph = (i / ST) & 1;
+    const int c0 = n * BC;
+    float s[BC / 8][4];
+    const uint32_t k_base = sQ + L::K0 + st * L::TBYTES;
+    mbar_wait(k_full(st), ph);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t off = (kk & 3) * 32; /* k16 step inside a 64-column block */
+      wgmma_ss<T, BC>(s, sw128_desc(q_base + (kk >> 2) * BR * 128 + off, 16),
+                      sw128_desc(k_base + (kk >> 2) * BC * 128 + off, 16), kk > 0);
+    }
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(s);
+    if (lane == 0) mbar_arrive(k_empty(st));
+
+    int lo[2] = {0, 0}, hi[2] = {nk, nk};
+    if constexpr (MASK) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        int64_t a, z;
+        const fa_mask mr =
+            fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
+        fa_mask_row_range(&mr, r0 + wrow + g + 8 * r, &a, &z);
+        lo[r] = (int)a;
+        hi[r] = (int)z;
+      }
+    }
+    softmax_tile<MASK, BC, D>(s, o, m_run, l_run, mul, c0, lo, hi, t);
+
+    uint32_t pa[BC / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) c_to_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+    const uint32_t v_base = sQ + L::V0 + st * L::TBYTES;
+    mbar_wait(v_full(st), ph);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk)
+      wgmma_rs<T, D>(o, pa[kk], sw128_desc(v_base + kk * 16 * 128, BC * 128), 1);
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(o);
+    reg_fence(pa);
+    if (lane == 0) mbar_arrive(v_empty(st));
+  };
+  for (int i = 0, n = n_end - 1; n >= n_begin; --n, ++i) {
+    const int c0 = n * BC;
+    if (c0 + BC > nk || c0 < lo_max || c0 + BC > hi_min)
+      step(n, i, std::true_type());
+    else
+      step(n, i, std::false_type());
+  }
+
+  /* Normalise, write lse, stage O (row stride D + 8) through shared memory */
+  named_sync(1, NC); /* every consumer is done with Q and K */
+  T *sO = reinterpret_cast<T *>(smem_raw + (sQ - smem_addr(smem_raw)));
+  constexpr int LD = D + 8;
+  float *lse_row = p.lse + sv.lse0 + h * sv.lse_hs + r0;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float lse;
+    const float inv = online_finish(m_run[r] * mul, l_run[r], &lse);
+    const int lr = wrow + g + 8 * r;
+    if (t == 0 && lr < rows) lse_row[lr] = lse;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<uint32_t *>(sO + lr * LD + j * 8 + 2 * t) =
+          pack2<T>(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+  }
+  named_sync(1, NC);
+  store_tile<T, BR, D, NC>((T *)p.o + sv.qb * p.o_sb + (sv.q0 + r0) * p.o_ss + h * p.o_sh, p.o_ss,
+                           sO, rows, p.d, ctid);
+#endif
+}
+
+/* cuTensorMapEncodeTiled, from the driver through the runtime (no -lcuda). */
+using EncodeFn = CUresult (*)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                              const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                              const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                              CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeFn encode_fn() {
+  static EncodeFn fn = nullptr; /* a race only repeats the lookup */
+  if (!fn) {
+    void *ptr = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault,
+                                         &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<EncodeFn>(ptr);
+  }
+  return fn;
+}
+
+/* Tensor map of a (batch, seqlen, heads, d) tensor with element strides sb,
+ * ss, sh: boxes of 64 columns x box_rows rows, 128-byte swizzle, zero fill
+ * outside. Dimensions of extent 1 get a packed stride (theirs is arbitrary). */
+fa_status make_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t seqlen,
+                   int64_t heads, int64_t batch, int64_t ss, int64_t sh, int64_t sb, int box_rows) {
+  EncodeFn fn = encode_fn();
+  if (!fn) return fa_set_error(FA_ERR_DEVICE, "cuda: cuTensorMapEncodeTiled is unavailable");
+  const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)seqlen, (cuuint64_t)heads,
+                              (cuuint64_t)batch};
+  int64_t st[4] = {1, ss, sh, sb};
+  for (int i = 1; i < 4; i++)
+    if (dims[i] == 1) st[i] = ((st[i - 1] * (int64_t)dims[i - 1] * 2 + 15) / 16) * 8;
+  const cuuint64_t strides[3] = {(cuuint64_t)st[1] * 2, (cuuint64_t)st[2] * 2,
+                                 (cuuint64_t)st[3] * 2};
+  const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, estr[4] = {1, 1, 1, 1};
+  CUresult r = fn(m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                  const_cast<void *>(base), dims, strides, box, estr,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return fa_set_error(FA_ERR_DEVICE, "cuda: cuTensorMapEncodeTiled failed (%d)", (int)r);
+  return FA_OK;
+}
+
+template <typename T, int D>
+fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
+  using S = FwdShape<D>;
+  constexpr size_t smem = FwdSmem<D>::BYTES;
+  static_assert(smem <= 227 * 1024, "fits Hopper's shared memory");
+  static_assert((size_t)S::BR * (D + 8) * 2 <= FwdSmem<D>::BARS, "O staging fits");
+  constexpr bool BF = std::is_same<T, __nv_bfloat16>::value;
+  FwdParams prm;
+  prm.a = a;
+  /* varlen: one packed batch of total rows (a.nq, a.nk are the tensors' seqlens) */
+  const int64_t nb = a.cu_q ? 1 : a.batch, hk = a.heads_q / a.group;
+  fa_status st;
+  if ((st = make_map(&prm.tq, BF, a.q, a.d, a.nq, a.heads_q, nb, a.q_ss, a.q_sh, a.q_sb,
+                     S::BR)) != FA_OK ||
+      (st = make_map(&prm.tk, BF, a.k, a.d, a.nk, hk, nb, a.k_ss, a.k_sh, a.k_sb, S::BC)) !=
+          FA_OK ||
+      (st = make_map(&prm.tv, BF, a.v, a.d, a.nk, hk, nb, a.v_ss, a.v_sh, a.v_sb, S::BC)) != FA_OK)
+    return st;
+  auto kernel = fwd_kernel<T, D>;
+  static bool attr_done = false; /* idempotent: a race only repeats the call */
+  if (!attr_done) {
+    cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
+    attr_done = true;
+  }
+  const dim3 grid((unsigned)((a.max_seqlen_q + S::BR - 1) / S::BR), (unsigned)a.heads_q,
+                  (unsigned)a.batch);
+  kernel<<<grid, (S::NWG + 1) * 128, smem, stream>>>(prm);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
+  return FA_OK;
+}
+
+}  // namespace sm90
+
+bool sm90_forward_covers(const FwdArgs &a) {
+  if (is_ext(a) || a.cap_log2 > 0.f || a.alibi != NULL || !(a.scale_log2 > 0.f)) return false;
+  const int dp = a.d <= 64 ? 64 : a.d <= 128 ? 128 : 0;
+  return a.d > 32 && dp != 0 && !(a.d > 64 && a.d <= 96);
+}
+
+bool sm90_device() {
+  static int cached[64]; /* per device: 0 unknown, 1 yes, 2 no */
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  if (!cached[dev]) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    const char *env = getenv("FLASHATTN_CUDA_WGMMA");
+    const bool off = env && strcmp(env, "0") == 0;
+    cached[dev] = major == 9 && minor == 0 && !off ? 1 : 2;
+  }
+  return cached[dev] == 1;
+}
+
+template <typename T>
+fa_status sm90_forward(const FwdArgs &a, cudaStream_t s) {
+  return a.d <= 64 ? sm90::fwd_launch<T, 64>(a, s) : sm90::fwd_launch<T, 128>(a, s);
+}
+template fa_status sm90_forward<__half>(const FwdArgs &, cudaStream_t);
+template fa_status sm90_forward<__nv_bfloat16>(const FwdArgs &, cudaStream_t);
+
+}  // namespace fa

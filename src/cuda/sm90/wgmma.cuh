@@ -1,0 +1,199 @@
+/* Warpgroup tile primitives for Hopper (sm_90a, PTX ISA "asynchronous warpgroup
+ * level matrix multiply"): shared-memory matrix descriptors for tiles stored in
+ * the 128-byte swizzled layout, cp.async loads into that layout, and
+ * wgmma.mma_async m64nNk16 with float32 accumulators, A from shared memory
+ * (SS) or from registers (RS).
+ *
+ * Tile layout ("SW128"): a ROWS x D tile of 16-bit elements is stored as D/64
+ * column blocks, each ROWS rows of 128 bytes; the 16-byte chunk c of row r sits
+ * at chunk c ^ (r % 8) of its row. Blocks start on 1024-byte boundaries, so the
+ * descriptors' base offset is 0. As a K-major operand (Q, K: rows are M or N,
+ * D is the reduction) the stride between 8-row groups (SBO) is 1024 bytes and a
+ * k16 step inside a block moves the start address by 32 bytes. As an MN-major
+ * operand (V: rows are the reduction, D is N) SBO is again the 8-row group
+ * stride and LBO the stride between 64-column blocks.
+ *
+ * Accumulators use the mma.sync C layout per 8-column slice: acc[j][0..1] are
+ * (row g, cols 8j + 2t, +1) and acc[j][2..3] row g + 8, where g = lane / 4,
+ * t = lane % 4 and warp w of the warpgroup owns rows 16w..16w+15. The RS A
+ * fragment of a k16 slice is mma.sync's A fragment (c_to_a in tile.cuh). */
+#ifndef FA_CUDA_SM90_WGMMA_CUH
+#define FA_CUDA_SM90_WGMMA_CUH
+
+#include <type_traits>
+
+#include "../tile.cuh"
+
+namespace fa {
+namespace sm90 {
+
+/* Descriptor of a SW128 operand starting at shared address addr (bytes). */
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo_bytes) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo_bytes >> 4) << 16) |
+         ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+/* Byte offset of element (row, col) in a SW128 tile of ROWS rows. */
+template <int ROWS>
+__device__ __forceinline__ uint32_t sw128_offset(int row, int col) {
+  return (uint32_t)((col >> 6) * ROWS * 128 + row * 128 + ((((col >> 3) & 7) ^ (row & 7)) << 4) +
+                    (col & 7) * 2);
+}
+
+/* ROWS x D tile of a strided tensor -> SW128 tile at shared address s; rows
+ * >= valid_rows and columns >= d are zero-filled. Each thread keeps one
+ * 16-byte column chunk and walks rows NT / (D / 8) apart (a multiple of 8, so
+ * its swizzled chunk is the same in every row it visits). */
+template <typename T, int ROWS, int D, int NT>
+__device__ __forceinline__ void load_tile_sw128(uint32_t s, const T *g, int64_t stride,
+                                                int valid_rows, int d, int tid) {
+  constexpr int CPR = D / 8, RS = NT / CPR, ITERS = ROWS / RS;
+  static_assert(NT % CPR == 0 && RS % 8 == 0 && ROWS % RS == 0, "whole passes of 8-row groups");
+  const int row0 = tid / CPR, ch = tid % CPR;
+  int cb = (d - ch * 8) * 2;
+  cb = cb > 16 ? 16 : (cb < 0 ? 0 : cb);
+  const T *src = g + row0 * stride + ch * 8;
+  const uint32_t dst = s + sw128_offset<ROWS>(row0, ch * 8);
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int bytes = row0 + it * RS < valid_rows ? cb : 0;
+    cp_async16(dst + it * RS * 128, bytes ? src : g, bytes);
+    src += RS * stride;
+    asm volatile("" : "+l"(src));
+  }
+}
+
+/* Generic-proxy writes (cp.async, st.shared) -> visible to wgmma reads. */
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Pins registers the asynchronous MMAs read or write: nothing touching them
+ * moves across this point. */
+template <int M>
+__device__ __forceinline__ void reg_fence(float (&a)[M][4]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(a[i][e])::"memory");
+}
+template <int M>
+__device__ __forceinline__ void reg_fence(uint32_t (&a)[M][4]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
+}
+
+#define FA_WGMMA_SS_N64(TY) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32" TY TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n" \
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
+               : "l"(da), "l"(db), "r"(scale_d))
+#define FA_WGMMA_RS_N64(TY) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32" TY TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n" \
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d))
+#define FA_WGMMA_SS_N128(TY) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32" TY TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n" \
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]) \
+               : "l"(da), "l"(db), "r"(scale_d))
+#define FA_WGMMA_RS_N128(TY) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32" TY TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n" \
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]) \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d))
+
+/* ---- mbarriers, the tensor copy engine (TMA), register reallocation -------- */
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/* Makes initialised barriers visible to the other threads and the async proxy. */
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+/* Arrives (one count) and announces bytes the copy engine will deliver. */
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* Waits for the phase of parity `parity` to complete (a fresh barrier counts
+ * its phase of parity 1 as complete). */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+/* One box of a 4-d tensor map -> shared memory at dst, completing on bar. */
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, uint32_t bar, int c0,
+                                            int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
+      "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+/* Named barrier over `count` threads (id 0 is __syncthreads'). */
+__device__ __forceinline__ void named_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void regs_dealloc() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void regs_alloc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+/* d (64 x N) = A B + (scale_d ? d : 0); A (64 x 16) K-major at descriptor da,
+ * B (16 x N) K-major at db. */
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t da, uint64_t db, int scale_d) {
+  constexpr bool BF = std::is_same<T, __nv_bfloat16>::value;
+  static_assert(N == 64 || N == 128, "instantiated widths");
+  if constexpr (N == 64) {
+    if constexpr (BF) FA_WGMMA_SS_N64(".bf16"); else FA_WGMMA_SS_N64(".f16");
+  } else {
+    if constexpr (BF) FA_WGMMA_SS_N128(".bf16"); else FA_WGMMA_SS_N128(".f16");
+  }
+}
+
+/* d (64 x N) = A B + (scale_d ? d : 0); A (64 x 16) the registers a (mma.sync
+ * A fragment of the warp's 16 rows), B (16 x N) MN-major at db. a must stay
+ * untouched until the group is waited for (reg_fence after wg_wait). */
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t db,
+                                         int scale_d) {
+  constexpr bool BF = std::is_same<T, __nv_bfloat16>::value;
+  static_assert(N == 64 || N == 128, "instantiated widths");
+  if constexpr (N == 64) {
+    if constexpr (BF) FA_WGMMA_RS_N64(".bf16"); else FA_WGMMA_RS_N64(".f16");
+  } else {
+    if constexpr (BF) FA_WGMMA_RS_N128(".bf16"); else FA_WGMMA_RS_N128(".f16");
+  }
+}
+
+}  // namespace sm90
+}  // namespace fa
+
+#endif

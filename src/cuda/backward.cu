@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "backward_kernel.cuh"
 #include "layout.cuh"
+#include "sm90/sm90.h"
 
 namespace {
 
@@ -25,6 +26,9 @@ size_t rows_bytes(const fa_problem *pb) {
 
 template <typename T>
 fa_status bwd_dispatch(const fa::BwdArgs &a, cudaStream_t s) {
+#ifdef FA_HAVE_SM90A
+  if (fa::sm90_device() && fa::sm90_backward_covers(a)) return fa::sm90_backward<T>(a, s);
+#endif
   return fa::dispatch_headdim(a.d, [&](auto dp) { return fa::flash_bwd_launch<T, decltype(dp)::value>(a, s); });
 }
 

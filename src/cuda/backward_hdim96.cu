@@ -4,4 +4,6 @@
 namespace fa {
 template fa_status flash_bwd_launch<__half, 96>(const BwdArgs &, cudaStream_t);
 template fa_status flash_bwd_launch<__nv_bfloat16, 96>(const BwdArgs &, cudaStream_t);
+template fa_status bwd_rows_launch<__half, 96>(const BwdArgs &, cudaStream_t, bool);
+template fa_status bwd_rows_launch<__nv_bfloat16, 96>(const BwdArgs &, cudaStream_t, bool);
 }  // namespace fa

@@ -768,6 +768,22 @@ inline fa_status bwd_launched() {
   return FA_OK;
 }
 
+/* Launch 1 (convert false: Di, lse2, zeroed dQ accumulator) or launch 3
+ * (convert true: dQ from the accumulator) for padded head dim D. Compiled
+ * with the sm_80 kernels only (explicit instantiations below), so the Hopper
+ * kernels' translation unit reuses them instead of instantiating them again. */
+template <typename T, int D>
+fa_status bwd_rows_launch(const BwdArgs &a, cudaStream_t stream, bool convert) {
+  const dim3 rows_grid((unsigned)((a.max_seqlen_q + kBwdRowsPerBlock - 1) / kBwdRowsPerBlock),
+                       (unsigned)a.heads_q, (unsigned)a.batch);
+  if (rows_grid.x == 0) return FA_OK; /* a zero grid is an error */
+  if (convert)
+    bwd_dq_convert_kernel<T, D><<<rows_grid, 256, 0, stream>>>(a);
+  else
+    bwd_prep_kernel<T, D><<<rows_grid, 256, 0, stream>>>(a);
+  return bwd_launched();
+}
+
 /* The backward for padded head dim D: prep, kv (+ dq when deterministic),
  * convert; dq_acc NULL selects deterministic mode. */
 template <typename T, int D>
@@ -776,11 +792,7 @@ fa_status flash_bwd_launch(const BwdArgs &a, cudaStream_t stream) {
   const bool ext = is_ext(a);
   const int xf = ext ? 2 : a.cap_log2 > 0.f || a.alibi != NULL; /* 2: EXT kernels */
   const bool det = a.dq_acc == NULL;
-  const dim3 rows_grid((unsigned)((a.max_seqlen_q + kBwdRowsPerBlock - 1) / kBwdRowsPerBlock),
-                       (unsigned)a.heads_q, (unsigned)a.batch);
-  /* empty extents launch nothing (a zero grid is an error) */
-  if (rows_grid.x > 0) bwd_prep_kernel<T, D><<<rows_grid, 256, 0, stream>>>(a);
-  fa_status st = bwd_launched();
+  fa_status st = bwd_rows_launch<T, D>(a, stream, false);
   if (st != FA_OK) return st;
 
   constexpr int LD = D + 8;
@@ -828,15 +840,16 @@ fa_status flash_bwd_launch(const BwdArgs &a, cudaStream_t stream) {
     const dim3 dq_grid((unsigned)((a.max_seqlen_q + QBR - 1) / QBR), (unsigned)a.heads_q,
                        (unsigned)a.batch);
     if (dq_grid.x > 0) dq<<<dq_grid, C::QNW * 32, dq_smem, stream>>>(a);
-  } else if (rows_grid.x > 0) {
-    bwd_dq_convert_kernel<T, D><<<rows_grid, 256, 0, stream>>>(a);
+    return bwd_launched();
   }
-  return bwd_launched();
+  return bwd_rows_launch<T, D>(a, stream, true);
 }
 
 #define FA_DECLARE_BWD(D)                                                               \
   extern template fa_status flash_bwd_launch<__half, D>(const BwdArgs &, cudaStream_t); \
-  extern template fa_status flash_bwd_launch<__nv_bfloat16, D>(const BwdArgs &, cudaStream_t);
+  extern template fa_status flash_bwd_launch<__nv_bfloat16, D>(const BwdArgs &, cudaStream_t); \
+  extern template fa_status bwd_rows_launch<__half, D>(const BwdArgs &, cudaStream_t, bool); \
+  extern template fa_status bwd_rows_launch<__nv_bfloat16, D>(const BwdArgs &, cudaStream_t, bool);
 FA_DECLARE_BWD(32)
 FA_DECLARE_BWD(64)
 FA_DECLARE_BWD(96)

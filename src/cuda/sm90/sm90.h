@@ -3,22 +3,39 @@
 #ifndef FA_CUDA_SM90_H
 #define FA_CUDA_SM90_H
 
+#include <cuda.h>
 #include <cuda_runtime.h>
+#include <stdint.h>
 
 #include "backend.h"
 
 namespace fa {
 
+struct AttnArgs;
 struct FwdArgs;
+struct BwdArgs;
 
 /* The current device runs the sm_90a code (compute capability 9.0) and
  * FLASHATTN_CUDA_WGMMA is not "0" (read once per device). */
 bool sm90_device();
 /* The wgmma forward handles these arguments (plain scores, head dim 33..64 or
  * 97..128); otherwise the sm_80 kernels run. */
-bool sm90_forward_covers(const FwdArgs &a);
+bool sm90_forward_covers(const AttnArgs &a);
 template <typename T>
 fa_status sm90_forward(const FwdArgs &a, cudaStream_t s);
+/* The wgmma backward handles these arguments (as the forward, and not
+ * deterministic); otherwise the sm_80 kernels run. */
+bool sm90_backward_covers(const BwdArgs &a);
+template <typename T>
+fa_status sm90_backward(const BwdArgs &a, cudaStream_t s);
+
+namespace sm90 {
+/* Tensor map of a (batch, seqlen, heads, d) 16-bit tensor with element strides
+ * sb, ss, sh: boxes of 64 columns x box_rows rows, 128-byte swizzle (the SW128
+ * tile layout of wgmma.cuh), zeros outside the tensor. */
+fa_status make_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t seqlen,
+                   int64_t heads, int64_t batch, int64_t ss, int64_t sh, int64_t sb, int box_rows);
+}  // namespace sm90
 
 }  // namespace fa
 

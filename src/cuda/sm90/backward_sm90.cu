@@ -1,0 +1,318 @@
+/* FlashAttention-2 backward on Hopper: the key/value kernel of
+ * backward_kernel.cuh (launch 2 of 3; the Di/lse2 preparation and the dQ
+ * conversion are that file's kernels) on warpgroup MMA fed by TMA, with warp
+ * specialisation as in forward_sm90.cu.
+ *
+ * A thread block owns BC = 128 keys of one (K/V head, sequence): warpgroup 0
+ * is the producer (one thread: K and V once, then Q_i and dO_i tiles of BR
+ * rows through an ST-deep ring, for every query head of the GQA group and
+ * every query block that sees the keys); warpgroups 1 and 2 each own 64 keys
+ * and keep dK, dV in float32 registers. Per query tile, each consumer:
+ *   S^T = K Q_i^T, dP^T = V dO_i^T        wgmma SS (K-major operands)
+ *   P^T = exp2(S^T scale log2e - lse2),  dS^T = P^T o (dP^T - Di)   registers
+ *   dV += P^T dO_i, dK += dS^T Q_i        wgmma RS (Q, dO as MN-major B)
+ *   dQ_i += dS K                          dS^T -> shared memory (SW128), wgmma
+ *                                         SS with both operands MN-major over
+ *                                         this warpgroup's 64 keys, float32
+ *                                         atomics into the dQ accumulator
+ * Plain score path, padded head dims 64 and 128, not deterministic. */
+#include "../backward_kernel.cuh"
+#include "sm90.h"
+#include "wgmma.cuh"
+
+namespace fa {
+namespace sm90 {
+
+template <int D>
+struct BwdShape {
+  static constexpr int NWG = 2, BC = 64 * NWG, BR = 64, ST = 2;
+  static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
+};
+
+struct BwdParams {
+  BwdArgs a;
+  CUtensorMap tq, tk, tv, tdo;
+};
+
+template <int D>
+struct BwdSmem {
+  using S = BwdShape<D>;
+  static constexpr uint32_t KBYTES = S::BC * D * 2, QBYTES = S::BR * D * 2;
+  static constexpr uint32_t V0 = KBYTES, Q0 = 2 * KBYTES, DO0 = Q0 + S::ST * QBYTES;
+  static constexpr uint32_t DS0 = DO0 + S::ST * QBYTES; /* per warpgroup: 64 keys x BR */
+  static constexpr uint32_t DSBYTES = 64 * S::BR * 2;
+  static constexpr uint32_t BARS = DS0 + S::NWG * DSBYTES;
+  /* barriers: kv_full, q_full[ST], q_empty[ST]; 1 KB to align the base */
+  static constexpr size_t BYTES = BARS + 8 * (1 + 2 * S::ST) + 1024;
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
+    bwd_kv_kernel(const __grid_constant__ BwdParams P) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using S = BwdShape<D>;
+  using L = BwdSmem<D>;
+  constexpr int BC = S::BC, BR = S::BR, ST = S::ST, NC = S::NWG * 128;
+  const BwdArgs &p = P.a;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t sK = (smem_addr(smem_raw) + 1023) & ~1023u;
+  const uint32_t kv_full = sK + L::BARS;
+  auto q_full = [&](int st) { return kv_full + 8 * (1 + st); };
+  auto q_empty = [&](int st) { return kv_full + 8 * (1 + ST + st); };
+
+  const int b = blockIdx.z, hk = blockIdx.y;
+  const SeqView sv = seq_view(p, b);
+  const int nq = sv.nq, nk = sv.nk;
+  const int c0 = blockIdx.x * BC;
+  if (c0 >= nk) return;
+  const int cols = min(BC, nk - c0);
+  const fa_mask mk =
+      fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
+  int64_t rlo, rhi, t0, t1;
+  fa_mask_col_range(&mk, c0, &rlo, &t0);            /* rows that see the first key */
+  fa_mask_col_range(&mk, c0 + cols - 1, &t1, &rhi); /* ... and the last one */
+  const int full_lo = (int)t1, full_hi = (int)t0;   /* rows that see every key */
+  const int m_begin = (int)(rlo / BR);
+  const int nm = rhi > rlo ? (int)((rhi + BR - 1) / BR) - m_begin : 0;
+  const int steps = nm * p.group; /* step s: head hk group + s / nm, block m_begin + s % nm */
+
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    mbar_init(kv_full, 1);
+    for (int st = 0; st < ST; ++st) {
+      mbar_init(q_full(st), 1);
+      mbar_init(q_empty(st), NC / 32); /* one arrival per consumer warp */
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (tid < 128) { /* ---- producer warpgroup ---- */
+    regs_dealloc<S::PRODUCER_REGS>();
+    if (tid == 0) {
+      const int krow = (int)sv.k0 + c0, qb = (int)sv.qb, kb = (int)sv.kb;
+      mbar_expect_tx(kv_full, 2 * L::KBYTES);
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c) {
+        tma_load_4d(sK + c * BC * 128, &P.tk, kv_full, c * 64, krow, hk, kb);
+        tma_load_4d(sK + L::V0 + c * BC * 128, &P.tv, kv_full, c * 64, krow, hk, kb);
+      }
+      for (int s = 0; s < steps; ++s) {
+        const int st = s % ST, ph = (s / ST) & 1;
+        const int h = hk * p.group + s / nm, qrow = (int)sv.q0 + (m_begin + s % nm) * BR;
+        mbar_wait(q_empty(st), ph ^ 1);
+        mbar_expect_tx(q_full(st), 2 * L::QBYTES);
+#pragma unroll
+        for (int c = 0; c < D / 64; ++c) {
+          tma_load_4d(sK + L::Q0 + st * L::QBYTES + c * BR * 128, &P.tq, q_full(st), c * 64, qrow,
+                      h, qb);
+          tma_load_4d(sK + L::DO0 + st * L::QBYTES + c * BR * 128, &P.tdo, q_full(st), c * 64,
+                      qrow, h, qb);
+        }
+      }
+    }
+    return;
+  }
+
+  /* ---- consumer warpgroups ---- */
+  regs_alloc<S::CONSUMER_REGS>();
+  const int ctid = tid - 128, wg = ctid >> 7, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int kw = wg * 64 + ((ctid >> 5) & 3) * 16; /* this warp's first key in the block */
+  const uint32_t k_wg = sK + wg * 64 * 128, v_wg = sK + L::V0 + wg * 64 * 128;
+  const uint32_t ds_wg = sK + L::DS0 + wg * L::DSBYTES;
+
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
+  mbar_wait(kv_full, 0);
+
+  auto step = [&](const int s, auto masked) {
+    constexpr bool MASK = decltype(masked)::value;
+    const int st = s % ST, ph = (s / ST) & 1;
+    const int h = hk * p.group + s / nm, r = (m_begin + s % nm) * BR;
+    const uint32_t q_st = sK + L::Q0 + st * L::QBYTES, do_st = sK + L::DO0 + st * L::QBYTES;
+    float sa[BR / 8][4], dp[BR / 8][4];
+    mbar_wait(q_full(st), ph);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t off = (kk >> 2) * BC * 128 + (kk & 3) * 32;
+      const uint32_t qoff = (kk >> 2) * BR * 128 + (kk & 3) * 32;
+      wgmma_ss<T, BR>(sa, sw128_desc(k_wg + off, 16), sw128_desc(q_st + qoff, 16), kk > 0);
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t off = (kk >> 2) * BC * 128 + (kk & 3) * 32;
+      const uint32_t qoff = (kk >> 2) * BR * 128 + (kk & 3) * 32;
+      wgmma_ss<T, BR>(dp, sw128_desc(v_wg + off, 16), sw128_desc(do_st + qoff, 16), kk > 0);
+    }
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(sa);
+    reg_fence(dp);
+
+    /* P^T and dS^T. Element (j, e): key c0 + kw + g + 8 (e / 2), query
+     * r + 8 j + 2 t + e % 2; rows past nq get lse2 = +inf, so P = 0 there. */
+    const float *l2row = p.lse2 + sv.lse0 + h * sv.lse_hs + r;
+    const float *dirow = p.dsum + sv.lse0 + h * sv.lse_hs + r;
+#pragma unroll
+    for (int j = 0; j < BR / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int ql = j * 8 + 2 * t + c, qi = r + ql;
+        const float l2 = qi < nq ? __ldg(l2row + ql) : INFINITY;
+        const float di = qi < nq ? __ldg(dirow + ql) : 0.f;
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int e = 2 * hr + c;
+          float pe = exp2f(sa[j][e] * p.scale_log2 - l2);
+          if constexpr (MASK) {
+            const int kc = c0 + kw + g + 8 * hr;
+            const int rel = qi + nk - nq - kc; /* diag - key */
+            const bool vis = kc < nk && (mk.left < 0 || -rel >= -mk.left) &&
+                             (mk.right < 0 || -rel <= mk.right);
+            if (!vis) pe = 0.f;
+          }
+          sa[j][e] = pe;
+          dp[j][e] = pe * (dp[j][e] - di);
+        }
+      }
+    uint32_t pa[BR / 16][4], da[BR / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) {
+      c_to_a<T>(pa[kk], sa[2 * kk], sa[2 * kk + 1]);
+      c_to_a<T>(da[kk], dp[2 * kk], dp[2 * kk + 1]);
+    }
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk)
+      wgmma_rs<T, D>(dv, pa[kk], sw128_desc(do_st + kk * 16 * 128, BR * 128), 1);
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk)
+      wgmma_rs<T, D>(dk, da[kk], sw128_desc(q_st + kk * 16 * 128, BR * 128), 1);
+    wg_commit();
+    /* dS^T (this warpgroup's 64 keys x BR queries) -> SW128 tile for dQ */
+    const int kr = kw - wg * 64 + g;
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = kr + 8 * (e & 1), col = kk * 16 + 8 * (e >> 1) + 2 * t;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_wg + sw128_offset<64>(row, col)),
+                     "r"(da[kk][e])
+                     : "memory");
+      }
+    fence_proxy_async();
+    named_sync(2 + wg, 128); /* the warpgroup's dS^T is stored */
+    wg_wait<0>();
+    reg_fence(dv);
+    reg_fence(dk);
+    reg_fence(pa);
+    reg_fence(da);
+    if (lane == 0) mbar_arrive(q_empty(st)); /* done with Q_i, dO_i */
+
+    /* dQ_i (BR x D) += dS (BR x 64 keys) K (64 keys x D) */
+    float dq[D / 8][4];
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 64 / 16; ++kk)
+      wgmma_ss_mn<T, D>(dq, sw128_desc(ds_wg + kk * 16 * 128, 64 * 128),
+                        sw128_desc(k_wg + kk * 16 * 128, BC * 128), kk > 0);
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(dq);
+    const int qrow0 = ((ctid >> 5) & 3) * 16 + g;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int row = r + qrow0 + 8 * hr;
+      if (row < nq) {
+        float *dst = p.dq_acc + (sv.lse0 + h * sv.lse_hs + row) * D + 2 * t;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) atomic_add2(dst + j * 8, dq[j][2 * hr], dq[j][2 * hr + 1]);
+      }
+    }
+    named_sync(2 + wg, 128); /* every warp's dQ product is done reading dS^T */
+  };
+  for (int s = 0; s < steps; ++s) {
+    const int r = (m_begin + s % nm) * BR;
+    if (cols < BC || r < full_lo || min(r + BR, nq) > full_hi)
+      step(s, std::true_type());
+    else
+      step(s, std::false_type());
+  }
+
+  /* dK (times scale) and dV, each warpgroup its 64 keys, staged (row stride
+   * D + 8) over its dS^T tile and the Q/dO ring, which nobody reads any more */
+  named_sync(1, NC);
+  constexpr int LD = D + 8;
+  T *stage = reinterpret_cast<T *>(smem_raw + (sK - smem_addr(smem_raw)) + L::Q0);
+  T *sdk = stage + wg * 2 * 64 * LD, *sdv = sdk + 64 * LD;
+  static_assert(2 * S::NWG * 64 * (D + 8) * 2 <= L::BARS - L::Q0, "dK, dV staging fits");
+  const int kl = kw - wg * 64 + g;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int off = (kl + 8 * hr) * LD + j * 8 + 2 * t;
+      *reinterpret_cast<uint32_t *>(sdk + off) =
+          pack2<T>(dk[j][2 * hr] * p.scale, dk[j][2 * hr + 1] * p.scale);
+      *reinterpret_cast<uint32_t *>(sdv + off) = pack2<T>(dv[j][2 * hr], dv[j][2 * hr + 1]);
+    }
+  named_sync(2 + wg, 128);
+  const int k_lo = c0 + wg * 64, valid = min(64, nk - k_lo);
+  if (valid > 0) {
+    store_tile<T, 64, D, 128>((T *)p.dk + row_off(sv, true, p.dk_sb, p.dk_ss, p.dk_sh, k_lo, hk),
+                              p.dk_ss, sdk, valid, p.d, ctid & 127);
+    store_tile<T, 64, D, 128>((T *)p.dv + row_off(sv, true, p.dv_sb, p.dv_ss, p.dv_sh, k_lo, hk),
+                              p.dv_ss, sdv, valid, p.d, ctid & 127);
+  }
+#endif
+}
+
+template <typename T, int D>
+fa_status bwd_launch(const BwdArgs &a, cudaStream_t stream) {
+  using S = BwdShape<D>;
+  constexpr size_t smem = BwdSmem<D>::BYTES;
+  static_assert(smem <= 227 * 1024, "fits Hopper's shared memory");
+  constexpr bool BF = std::is_same<T, __nv_bfloat16>::value;
+  fa_status st = bwd_rows_launch<T, D>(a, stream, false);
+  if (st != FA_OK) return st;
+
+  BwdParams prm;
+  prm.a = a;
+  const int64_t nb = a.cu_q ? 1 : a.batch, hk = a.heads_q / a.group;
+  if ((st = make_map(&prm.tq, BF, a.q, a.d, a.nq, a.heads_q, nb, a.q_ss, a.q_sh, a.q_sb,
+                     S::BR)) != FA_OK ||
+      (st = make_map(&prm.tdo, BF, a.dout, a.d, a.nq, a.heads_q, nb, a.do_ss, a.do_sh, a.do_sb,
+                     S::BR)) != FA_OK ||
+      (st = make_map(&prm.tk, BF, a.k, a.d, a.nk, hk, nb, a.k_ss, a.k_sh, a.k_sb, S::BC)) !=
+          FA_OK ||
+      (st = make_map(&prm.tv, BF, a.v, a.d, a.nk, hk, nb, a.v_ss, a.v_sh, a.v_sb, S::BC)) != FA_OK)
+    return st;
+  auto kernel = bwd_kv_kernel<T, D>;
+  static bool attr_done = false; /* idempotent: a race only repeats the call */
+  if ((st = bwd_smem_attr(kernel, smem, attr_done)) != FA_OK) return st;
+  const dim3 kv_grid((unsigned)((a.max_seqlen_k + S::BC - 1) / S::BC), (unsigned)hk,
+                     (unsigned)a.batch);
+  if (kv_grid.x > 0) kernel<<<kv_grid, (S::NWG + 1) * 128, smem, stream>>>(prm);
+  if ((st = bwd_launched()) != FA_OK) return st;
+  return bwd_rows_launch<T, D>(a, stream, true);
+}
+
+}  // namespace sm90
+
+bool sm90_backward_covers(const BwdArgs &a) {
+  return a.dq_acc != NULL && sm90_forward_covers(a);
+}
+
+template <typename T>
+fa_status sm90_backward(const BwdArgs &a, cudaStream_t s) {
+  return a.d <= 64 ? sm90::bwd_launch<T, 64>(a, s) : sm90::bwd_launch<T, 128>(a, s);
+}
+template fa_status sm90_backward<__half>(const BwdArgs &, cudaStream_t);
+template fa_status sm90_backward<__nv_bfloat16>(const BwdArgs &, cudaStream_t);
+
+}  // namespace fa

@@ -1,0 +1,50 @@
+/* Tensor maps for the Hopper kernels' TMA copies (host side). */
+#include "sm90.h"
+
+namespace fa {
+namespace sm90 {
+
+/* cuTensorMapEncodeTiled, from the driver through the runtime (no -lcuda). */
+using EncodeFn = CUresult (*)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                              const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                              const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                              CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static EncodeFn encode_fn() {
+  static EncodeFn fn = nullptr; /* a race only repeats the lookup */
+  if (!fn) {
+    void *ptr = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault,
+                                         &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<EncodeFn>(ptr);
+  }
+  return fn;
+}
+
+/* Tensor map of a (batch, seqlen, heads, d) tensor with element strides sb,
+ * ss, sh: boxes of 64 columns x box_rows rows, 128-byte swizzle, zero fill
+ * outside. Dimensions of extent 1 get a packed stride (theirs is arbitrary). */
+fa_status make_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t seqlen,
+                   int64_t heads, int64_t batch, int64_t ss, int64_t sh, int64_t sb, int box_rows) {
+  EncodeFn fn = encode_fn();
+  if (!fn) return fa_set_error(FA_ERR_DEVICE, "cuda: cuTensorMapEncodeTiled is unavailable");
+  const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)seqlen, (cuuint64_t)heads,
+                              (cuuint64_t)batch};
+  int64_t st[4] = {1, ss, sh, sb};
+  for (int i = 1; i < 4; i++)
+    if (dims[i] == 1) st[i] = ((st[i - 1] * (int64_t)dims[i - 1] * 2 + 15) / 16) * 8;
+  const cuuint64_t strides[3] = {(cuuint64_t)st[1] * 2, (cuuint64_t)st[2] * 2,
+                                 (cuuint64_t)st[3] * 2};
+  const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, estr[4] = {1, 1, 1, 1};
+  CUresult r = fn(m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                  const_cast<void *>(base), dims, strides, box, estr,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return fa_set_error(FA_ERR_DEVICE, "cuda: cuTensorMapEncodeTiled failed (%d)", (int)r);
+  return FA_OK;
+}
+
+}  // namespace sm90
+}  // namespace fa

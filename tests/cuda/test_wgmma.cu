@@ -50,7 +50,8 @@ __global__ void probe(const T *q, const T *k, const T *v, float *s_out, float *o
   reg_fence(pa);
   const int row = (tid >> 5) * 16 + g;
   for (int j = 0; j < BC / 8; ++j)
-    for (int e = 0; e < 4; ++e) s_out[(row + 8 * (e >> 1)) * BC + j * 8 + 2 * t + (e & 1)] = s[j][e];
+    for (int e = 0; e < 4; ++e)
+      s_out[(row + 8 * (e >> 1)) * BC + j * 8 + 2 * t + (e & 1)] = s[j][e];
   for (int j = 0; j < D / 8; ++j)
     for (int e = 0; e < 4; ++e) o_out[(row + 8 * (e >> 1)) * D + j * 8 + 2 * t + (e & 1)] = o[j][e];
 #endif

@@ -112,8 +112,8 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
         for (int c = 0; c < D / 64; ++c) {
           tma_load_4d(sK + L::Q0 + st * L::QBYTES + c * BR * 128, &P.tq, q_full(st), c * 64, qrow,
                       h, qb);
-          tma_load_4d(sK + L::DO0 + st * L::QBYTES + c * BR * 128, &P.tdo, q_full(st), c * 64,
-                      qrow, h, qb);
+          tma_load_4d(sK + L::DO0 + st * L::QBYTES + c * BR * 128, &P.tdo, q_full(st), c * 64, qrow,
+                      h, qb);
         }
       }
     }
@@ -180,8 +180,8 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
           if constexpr (MASK) {
             const int kc = c0 + kw + g + 8 * hr;
             const int rel = qi + nk - nq - kc; /* diag - key */
-            const bool vis = kc < nk && (mk.left < 0 || -rel >= -mk.left) &&
-                             (mk.right < 0 || -rel <= mk.right);
+            const bool vis =
+                kc < nk && (mk.left < 0 || -rel >= -mk.left) && (mk.right < 0 || -rel <= mk.right);
             if (!vis) pe = 0.f;
           }
           sa[j][e] = pe;
@@ -308,8 +308,8 @@ fa_status bwd_launch(const BwdArgs &a, cudaStream_t stream) {
   BwdParams prm;
   prm.a = a;
   const int64_t nb = a.cu_q ? 1 : a.batch, hk = a.heads_q / a.group;
-  if ((st = make_map(&prm.tq, BF, a.q, a.d, a.nq, a.heads_q, nb, a.q_ss, a.q_sh, a.q_sb,
-                     S::BR)) != FA_OK ||
+  if ((st = make_map(&prm.tq, BF, a.q, a.d, a.nq, a.heads_q, nb, a.q_ss, a.q_sh, a.q_sb, S::BR)) !=
+          FA_OK ||
       (st = make_map(&prm.tdo, BF, a.dout, a.d, a.nq, a.heads_q, nb, a.do_ss, a.do_sh, a.do_sb,
                      S::BR)) != FA_OK ||
       (st = make_map(&prm.tk, BF, a.k, a.d, a.nk, hk, nb, a.k_ss, a.k_sh, a.k_sb, S::BC)) !=
@@ -328,9 +328,7 @@ fa_status bwd_launch(const BwdArgs &a, cudaStream_t stream) {
 
 }  // namespace sm90
 
-bool sm90_backward_covers(const BwdArgs &a) {
-  return a.dq_acc != NULL && sm90_forward_covers(a);
-}
+bool sm90_backward_covers(const BwdArgs &a) { return a.dq_acc != NULL && sm90_forward_covers(a); }
 
 template <typename T>
 fa_status sm90_backward(const BwdArgs &a, cudaStream_t s) {

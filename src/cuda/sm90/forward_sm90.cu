@@ -275,8 +275,8 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   /* varlen: one packed batch of total rows (a.nq, a.nk are the tensors' seqlens) */
   const int64_t nb = a.cu_q ? 1 : a.batch, hk = a.heads_q / a.group;
   fa_status st;
-  if ((st = make_map(&prm.tq, BF, a.q, a.d, a.nq, a.heads_q, nb, a.q_ss, a.q_sh, a.q_sb,
-                     S::BR)) != FA_OK ||
+  if ((st = make_map(&prm.tq, BF, a.q, a.d, a.nq, a.heads_q, nb, a.q_ss, a.q_sh, a.q_sb, S::BR)) !=
+          FA_OK ||
       (st = make_map(&prm.tk, BF, a.k, a.d, a.nk, hk, nb, a.k_ss, a.k_sh, a.k_sb, S::BC)) !=
           FA_OK ||
       (st = make_map(&prm.tv, BF, a.v, a.d, a.nk, hk, nb, a.v_ss, a.v_sh, a.v_sb, S::BC)) != FA_OK)

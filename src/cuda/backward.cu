@@ -27,7 +27,10 @@ size_t rows_bytes(const fa_problem *pb) {
 template <typename T>
 fa_status bwd_dispatch(const fa::BwdArgs &a, cudaStream_t s) {
 #ifdef FA_HAVE_SM90A
-  if (fa::sm90_device() && fa::sm90_backward_covers(a)) return fa::sm90_backward<T>(a, s);
+  if (fa::sm90_device() && fa::sm90_backward_covers(a)) {
+    const fa_status st = fa::sm90_backward<T>(a, s);
+    if (st != FA_ERR_UNSUPPORTED) return st; /* else a layout TMA cannot map */
+  }
 #endif
   return fa::dispatch_headdim(a.d, [&](auto dp) { return fa::flash_bwd_launch<T, decltype(dp)::value>(a, s); });
 }

@@ -71,9 +71,11 @@ fa_status flash_forward(const fa_problem *pb) {
   fa::fill_common_args(a, pb);
   cudaStream_t s = (cudaStream_t)pr->stream;
 #ifdef FA_HAVE_SM90A
-  if (fa::sm90_device() && fa::sm90_forward_covers(a))
-    return pb->dtype == FA_DTYPE_F16 ? fa::sm90_forward<__half>(a, s)
-                                     : fa::sm90_forward<__nv_bfloat16>(a, s);
+  if (fa::sm90_device() && fa::sm90_forward_covers(a)) {
+    const fa_status st = pb->dtype == FA_DTYPE_F16 ? fa::sm90_forward<__half>(a, s)
+                                                   : fa::sm90_forward<__nv_bfloat16>(a, s);
+    if (st != FA_ERR_UNSUPPORTED) return st; /* else a layout TMA cannot map */
+  }
 #endif
   return pb->dtype == FA_DTYPE_F16 ? flash_dispatch<__half>(a, s)
                                    : flash_dispatch<__nv_bfloat16>(a, s);

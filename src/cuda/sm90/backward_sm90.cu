@@ -302,12 +302,10 @@ fa_status bwd_launch(const BwdArgs &a, cudaStream_t stream) {
   constexpr size_t smem = BwdSmem<D>::BYTES;
   static_assert(smem <= 227 * 1024, "fits Hopper's shared memory");
   constexpr bool BF = std::is_same<T, __nv_bfloat16>::value;
-  fa_status st = bwd_rows_launch<T, D>(a, stream, false);
-  if (st != FA_OK) return st;
-
-  BwdParams prm;
+  BwdParams prm; /* maps first: a layout TMA cannot map launches nothing */
   prm.a = a;
   const int64_t nb = a.cu_q ? 1 : a.batch, hk = a.heads_q / a.group;
+  fa_status st;
   if ((st = make_map(&prm.tq, BF, a.q, a.d, a.nq, a.heads_q, nb, a.q_ss, a.q_sh, a.q_sb, S::BR)) !=
           FA_OK ||
       (st = make_map(&prm.tdo, BF, a.dout, a.d, a.nq, a.heads_q, nb, a.do_ss, a.do_sh, a.do_sb,
@@ -316,6 +314,7 @@ fa_status bwd_launch(const BwdArgs &a, cudaStream_t stream) {
           FA_OK ||
       (st = make_map(&prm.tv, BF, a.v, a.d, a.nk, hk, nb, a.v_ss, a.v_sh, a.v_sb, S::BC)) != FA_OK)
     return st;
+  if ((st = bwd_rows_launch<T, D>(a, stream, false)) != FA_OK) return st;
   auto kernel = bwd_kv_kernel<T, D>;
   static bool attr_done = false; /* idempotent: a race only repeats the call */
   if ((st = bwd_smem_attr(kernel, smem, attr_done)) != FA_OK) return st;

@@ -32,7 +32,8 @@ fa_status sm90_backward(const BwdArgs &a, cudaStream_t s);
 namespace sm90 {
 /* Tensor map of a (batch, seqlen, heads, d) 16-bit tensor with element strides
  * sb, ss, sh: boxes of 64 columns x box_rows rows, 128-byte swizzle (the SW128
- * tile layout of wgmma.cuh), zeros outside the tensor. */
+ * tile layout of wgmma.cuh), zeros outside the tensor. FA_ERR_UNSUPPORTED when
+ * the driver refuses the layout: the launches then take the sm_80 kernels. */
 fa_status make_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t seqlen,
                    int64_t heads, int64_t batch, int64_t ss, int64_t sh, int64_t sb, int box_rows);
 }  // namespace sm90

@@ -28,7 +28,7 @@ static EncodeFn encode_fn() {
 fa_status make_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t seqlen,
                    int64_t heads, int64_t batch, int64_t ss, int64_t sh, int64_t sb, int box_rows) {
   EncodeFn fn = encode_fn();
-  if (!fn) return fa_set_error(FA_ERR_DEVICE, "cuda: cuTensorMapEncodeTiled is unavailable");
+  if (!fn) return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: cuTensorMapEncodeTiled is unavailable");
   const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)seqlen, (cuuint64_t)heads,
                               (cuuint64_t)batch};
   int64_t st[4] = {1, ss, sh, sb};
@@ -41,8 +41,9 @@ fa_status make_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t s
                   const_cast<void *>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
                   CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  /* e.g. a broadcast (zero) stride: the caller falls back to the sm_80 kernels */
   if (r != CUDA_SUCCESS)
-    return fa_set_error(FA_ERR_DEVICE, "cuda: cuTensorMapEncodeTiled failed (%d)", (int)r);
+    return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: cuTensorMapEncodeTiled failed (%d)", (int)r);
   return FA_OK;
 }
 

@@ -69,6 +69,14 @@ FA_HD void fa_mask_col_range(const fa_mask *m, int64_t j, int64_t *r0, int64_t *
   *r1 = b > a ? b : a;
 }
 
+/* Whether a key at rel = diag - key from a row's diagonal lies inside the
+ * window (keys past nk are the caller's to exclude). The element-wise form of
+ * fa_mask_row_range, for kernels that hold the transposed scores; rel fits in
+ * an int there (the CUDA backend limits sequences to 32-bit lengths). */
+FA_HD int fa_mask_in_window(const fa_mask *m, int rel) {
+  return (m->left < 0 || -rel >= -m->left) && (m->right < 0 || -rel <= m->right);
+}
+
 /* ALiBi bias of (row i, key j) for a slope. */
 FA_HD float fa_alibi_bias(const fa_mask *m, float slope, int64_t i, int64_t j) {
   int64_t d = i + m->nk - m->nq - j;

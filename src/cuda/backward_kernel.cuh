@@ -474,8 +474,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) flash_bwd_kv_kernel(const BwdAr
         const float x = bwd_score<XF>(p, acc_s[nt][e], slope_log2, rel, &dfac);
         float pe = exp2f(x - ((e & 1) ? l2.y : l2.x));
         if constexpr (MASK) {
-          bool vis = kc < nk && (mk.left < 0 || -rel >= -mk.left) &&
-                     (mk.right < 0 || -rel <= mk.right);
+          bool vis = kc < nk && fa_mask_in_window(&mk, rel);
           const int qi = r + ql + (e & 1);
           if (EXT && some && vis && qi < nq)
             vis = bmh[(int64_t)(qi / p.bm_q) * p.bm_sr + kc / p.bm_k] != 0;
@@ -751,23 +750,6 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_bwd_dq_kernel(cons
                            p.dq_ss, sQ, min(BR, so.nq - ro), p.d, tid);
 }
 
-/* Sets a kernel's dynamic shared-memory limit once per instantiation. */
-template <typename K>
-fa_status bwd_smem_attr(K kernel, size_t smem, bool &done) {
-  if (done) return FA_OK; /* idempotent: a race only repeats the call */
-  cudaError_t e =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
-  done = true;
-  return FA_OK;
-}
-
-inline fa_status bwd_launched() {
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
-  return FA_OK;
-}
-
 /* Launch 1 (convert false: Di, lse2, zeroed dQ accumulator) or launch 3
  * (convert true: dQ from the accumulator) for padded head dim D. Compiled
  * with the sm_80 kernels only (explicit instantiations below), so the Hopper
@@ -781,7 +763,7 @@ fa_status bwd_rows_launch(const BwdArgs &a, cudaStream_t stream, bool convert) {
     bwd_dq_convert_kernel<T, D><<<rows_grid, 256, 0, stream>>>(a);
   else
     bwd_prep_kernel<T, D><<<rows_grid, 256, 0, stream>>>(a);
-  return bwd_launched();
+  return launch_status();
 }
 
 /* The backward for padded head dim D: prep, kv (+ dq when deterministic),
@@ -816,12 +798,12 @@ fa_status flash_bwd_launch(const BwdArgs &a, cudaStream_t stream) {
                          flash_bwd_kv_kernel<T, D, C::BC, XBR, C::NW, C::MINB, true, false, true>}};
   const KV kv = kvs[xf][det];
   static bool kv_done[3][2] = {{false, false}, {false, false}, {false, false}};
-  st = bwd_smem_attr(kv, kv_smem, kv_done[xf][det]);
+  st = smem_limit_once(kv, kv_smem, kv_done[xf][det]);
   if (st != FA_OK) return st;
   const dim3 kv_grid((unsigned)((a.max_seqlen_k + C::BC - 1) / C::BC),
                      (unsigned)(a.heads_q / a.group), (unsigned)a.batch);
   if (kv_grid.x > 0) kv<<<kv_grid, C::NW * 32, kv_smem, stream>>>(a);
-  st = bwd_launched();
+  st = launch_status();
   if (st != FA_OK) return st;
 
   if (det) {
@@ -835,12 +817,12 @@ fa_status flash_bwd_launch(const BwdArgs &a, cudaStream_t stream) {
                        flash_bwd_dq_kernel<T, D, C::QNW, XQBC, true, true>};
     const KV dq = dqs[xf];
     static bool dq_done[3] = {false, false, false};
-    st = bwd_smem_attr(dq, dq_smem, dq_done[xf]);
+    st = smem_limit_once(dq, dq_smem, dq_done[xf]);
     if (st != FA_OK) return st;
     const dim3 dq_grid((unsigned)((a.max_seqlen_q + QBR - 1) / QBR), (unsigned)a.heads_q,
                        (unsigned)a.batch);
     if (dq_grid.x > 0) dq<<<dq_grid, C::QNW * 32, dq_smem, stream>>>(a);
-    return bwd_launched();
+    return launch_status();
   }
   return bwd_rows_launch<T, D>(a, stream, true);
 }

@@ -525,6 +525,25 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
                            sQ, rows_o, p.d, tid);
 }
 
+/* Sets a kernel's dynamic shared-memory limit once per instantiation (done
+ * is that instantiation's flag; idempotent, so a race only repeats the call). */
+template <typename K>
+fa_status smem_limit_once(K kernel, size_t smem, bool &done) {
+  if (done) return FA_OK;
+  cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
+  done = true;
+  return FA_OK;
+}
+
+/* The status of the launch just made. */
+inline fa_status launch_status() {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
+  return FA_OK;
+}
+
 /* Launches the kernel for padded head dim D with tile shape C (MT, NW, BC,
  * QREG; the library uses FwdTraits<D>, the block-size experiment others); sets
  * its shared-memory limit on first use (once per instantiation). */
@@ -540,19 +559,13 @@ fa_status flash_fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   auto kernel = kind == 2   ? flash_fwd_kernel<T, D, C::MT, C::NW, XBC, C::QREG, true, true>
                 : kind == 1 ? flash_fwd_kernel<T, D, C::MT, C::NW, C::BC, C::QREG, true, false>
                             : flash_fwd_kernel<T, D, C::MT, C::NW, C::BC, C::QREG, false, false>;
-  static bool attr_done[3] = {false, false, false}; /* idempotent: a race only repeats the call */
-  if (!attr_done[kind]) {
-    cudaError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
-    attr_done[kind] = true;
-  }
+  static bool attr_done[3] = {false, false, false};
+  fa_status st = smem_limit_once(kernel, smem, attr_done[kind]);
+  if (st != FA_OK) return st;
   const dim3 grid((unsigned)((a.max_seqlen_q + BR - 1) / BR), (unsigned)a.heads_q,
                   (unsigned)a.batch);
   kernel<<<grid, C::NW * 32, smem, stream>>>(a);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
-  return FA_OK;
+  return launch_status();
 }
 
 /* Block rows of every configuration (the grid's y extent is max_seqlen_q / this). */

@@ -34,8 +34,7 @@ __global__ void probe(const T *q, const T *k, const T *v, float *s_out, float *o
   float s[BC / 8][4], o[D / 8][4];
   wg_fence();
   for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_ss<T, BC>(s, sw128_desc(sQ + (kk >> 2) * 64 * 128 + (kk & 3) * 32, 16),
-                    sw128_desc(sK + (kk >> 2) * BC * 128 + (kk & 3) * 32, 16), kk > 0);
+    wgmma_ss<T, BC>(s, sw128_kmajor<64>(sQ, kk), sw128_kmajor<BC>(sK, kk), kk > 0);
   wg_commit();
   wg_wait<0>();
   reg_fence(s);
@@ -43,7 +42,7 @@ __global__ void probe(const T *q, const T *k, const T *v, float *s_out, float *o
   for (int kk = 0; kk < BC / 16; ++kk) fa::c_to_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
   wg_fence();
   for (int kk = 0; kk < BC / 16; ++kk)
-    wgmma_rs<T, D>(o, pa[kk], sw128_desc(sV + kk * 16 * 128, BC * 128), kk > 0);
+    wgmma_rs<T, D>(o, pa[kk], sw128_mnmajor(sV, kk, BC * 128), kk > 0);
   wg_commit();
   wg_wait<0>();
   reg_fence(o);

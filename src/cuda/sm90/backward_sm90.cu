@@ -146,17 +146,11 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     mbar_wait(q_full(st), ph);
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t off = (kk >> 2) * BC * 128 + (kk & 3) * 32;
-      const uint32_t qoff = (kk >> 2) * BR * 128 + (kk & 3) * 32;
-      wgmma_ss<T, BR>(sa, sw128_desc(k_wg + off, 16), sw128_desc(q_st + qoff, 16), kk > 0);
-    }
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma_ss<T, BR>(sa, sw128_kmajor<BC>(k_wg, kk), sw128_kmajor<BR>(q_st, kk), kk > 0);
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t off = (kk >> 2) * BC * 128 + (kk & 3) * 32;
-      const uint32_t qoff = (kk >> 2) * BR * 128 + (kk & 3) * 32;
-      wgmma_ss<T, BR>(dp, sw128_desc(v_wg + off, 16), sw128_desc(do_st + qoff, 16), kk > 0);
-    }
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma_ss<T, BR>(dp, sw128_kmajor<BC>(v_wg, kk), sw128_kmajor<BR>(do_st, kk), kk > 0);
     wg_commit();
     wg_wait<0>();
     reg_fence(sa);
@@ -180,8 +174,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
           if constexpr (MASK) {
             const int kc = c0 + kw + g + 8 * hr;
             const int rel = qi + nk - nq - kc; /* diag - key */
-            const bool vis =
-                kc < nk && (mk.left < 0 || -rel >= -mk.left) && (mk.right < 0 || -rel <= mk.right);
+            const bool vis = kc < nk && fa_mask_in_window(&mk, rel);
             if (!vis) pe = 0.f;
           }
           sa[j][e] = pe;
@@ -197,10 +190,10 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < BR / 16; ++kk)
-      wgmma_rs<T, D>(dv, pa[kk], sw128_desc(do_st + kk * 16 * 128, BR * 128), 1);
+      wgmma_rs<T, D>(dv, pa[kk], sw128_mnmajor(do_st, kk, BR * 128), 1);
 #pragma unroll
     for (int kk = 0; kk < BR / 16; ++kk)
-      wgmma_rs<T, D>(dk, da[kk], sw128_desc(q_st + kk * 16 * 128, BR * 128), 1);
+      wgmma_rs<T, D>(dk, da[kk], sw128_mnmajor(q_st, kk, BR * 128), 1);
     wg_commit();
     /* dS^T (this warpgroup's 64 keys x BR queries) -> SW128 tile for dQ */
     const int kr = kw - wg * 64 + g;
@@ -233,8 +226,8 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
       wg_fence();
 #pragma unroll
       for (int kk = 0; kk < 64 / 16; ++kk)
-        wgmma_ss_mn<T, 64>(dq, sw128_desc(ds_wg + kk * 16 * 128, 64 * 128),
-                           sw128_desc(k_wg + c * BC * 128 + kk * 16 * 128, BC * 128), kk > 0);
+        wgmma_ss_mn<T, 64>(dq, sw128_mnmajor(ds_wg, kk, 64 * 128),
+                           sw128_mnmajor(k_wg + c * BC * 128, kk, BC * 128), kk > 0);
       wg_commit();
       wg_wait<0>();
       reg_fence(dq);
@@ -316,12 +309,12 @@ fa_status bwd_launch(const BwdArgs &a, cudaStream_t stream) {
     return st;
   if ((st = bwd_rows_launch<T, D>(a, stream, false)) != FA_OK) return st;
   auto kernel = bwd_kv_kernel<T, D>;
-  static bool attr_done = false; /* idempotent: a race only repeats the call */
-  if ((st = bwd_smem_attr(kernel, smem, attr_done)) != FA_OK) return st;
+  static bool attr_done = false;
+  if ((st = smem_limit_once(kernel, smem, attr_done)) != FA_OK) return st;
   const dim3 kv_grid((unsigned)((a.max_seqlen_k + S::BC - 1) / S::BC), (unsigned)hk,
                      (unsigned)a.batch);
   if (kv_grid.x > 0) kernel<<<kv_grid, (S::NWG + 1) * 128, smem, stream>>>(prm);
-  if ((st = bwd_launched()) != FA_OK) return st;
+  if ((st = launch_status()) != FA_OK) return st;
   return bwd_rows_launch<T, D>(a, stream, true);
 }
 

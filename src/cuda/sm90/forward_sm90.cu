@@ -194,11 +194,8 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
     mbar_wait(k_full(st), ph);
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t off = (kk & 3) * 32; /* k16 step inside a 64-column block */
-      wgmma_ss<T, BC>(s, sw128_desc(q_base + (kk >> 2) * BR * 128 + off, 16),
-                      sw128_desc(k_base + (kk >> 2) * BC * 128 + off, 16), kk > 0);
-    }
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma_ss<T, BC>(s, sw128_kmajor<BR>(q_base, kk), sw128_kmajor<BC>(k_base, kk), kk > 0);
     wg_commit();
     wg_wait<0>();
     reg_fence(s);
@@ -226,7 +223,7 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk)
-      wgmma_rs<T, D>(o, pa[kk], sw128_desc(v_base + kk * 16 * 128, BC * 128), 1);
+      wgmma_rs<T, D>(o, pa[kk], sw128_mnmajor(v_base, kk, BC * 128), 1);
     wg_commit();
     wg_wait<0>();
     reg_fence(o);
@@ -282,19 +279,12 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
       (st = make_map(&prm.tv, BF, a.v, a.d, a.nk, hk, nb, a.v_ss, a.v_sh, a.v_sb, S::BC)) != FA_OK)
     return st;
   auto kernel = fwd_kernel<T, D>;
-  static bool attr_done = false; /* idempotent: a race only repeats the call */
-  if (!attr_done) {
-    cudaError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
-    attr_done = true;
-  }
+  static bool attr_done = false;
+  if ((st = smem_limit_once(kernel, smem, attr_done)) != FA_OK) return st;
   const dim3 grid((unsigned)((a.max_seqlen_q + S::BR - 1) / S::BR), (unsigned)a.heads_q,
                   (unsigned)a.batch);
   kernel<<<grid, (S::NWG + 1) * 128, smem, stream>>>(prm);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
-  return FA_OK;
+  return launch_status();
 }
 
 }  // namespace sm90

@@ -33,6 +33,19 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo_bytes
          ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
 }
 
+/* Descriptor of k16 step kk of a K-major SW128 operand whose tile has ROWS
+ * rows (column block kk / 4, 32 bytes per step inside it); base may point at
+ * a row of block 0 that is a multiple of 8. */
+template <int ROWS>
+__device__ __forceinline__ uint64_t sw128_kmajor(uint32_t base, int kk) {
+  return sw128_desc(base + (kk >> 2) * ROWS * 128 + (kk & 3) * 32, 16);
+}
+/* Descriptor of k16 step kk (16 rows) of an MN-major SW128 operand whose
+ * 64-column blocks are block_bytes apart. */
+__device__ __forceinline__ uint64_t sw128_mnmajor(uint32_t base, int kk, uint32_t block_bytes) {
+  return sw128_desc(base + kk * 16 * 128, block_bytes);
+}
+
 /* Byte offset of element (row, col) in a SW128 tile of ROWS rows. */
 template <int ROWS>
 __device__ __forceinline__ uint32_t sw128_offset(int row, int col) {

@@ -1,8 +1,9 @@
 /* CUDA backend, backward pass: FlashAttention-2 (backward_kernel.cuh).
  * Asynchronous on params->stream, allocates nothing. Workspace, in order
  * (each part rounded up to 256 bytes):
- *   Di      heads_q * total_q floats (lse layout)
- *   lse2    heads_q * total_q floats (lse * log2 e)
+ *   Di      heads_q * total_q + 64 floats (lse layout)
+ *   lse2    heads_q * total_q + 64 floats (lse * log2 e)
+ *           (64 spare: the Hopper kernel loads a whole 64-row tile unpredicated)
  *   dQ acc  heads_q * total_q * Dp floats, Dp the padded head dim (32, 64, 96,
  *           128, 192 or 256); not with params.deterministic, whose dQ kernel
  *           keeps dQ in registers.
@@ -21,7 +22,7 @@ namespace {
 size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 size_t rows_bytes(const fa_problem *pb) {
-  return round256((size_t)pb->heads_q * (size_t)pb->total_q * sizeof(float));
+  return round256(((size_t)pb->heads_q * (size_t)pb->total_q + 64) * sizeof(float));
 }
 
 template <typename T>
@@ -29,7 +30,7 @@ fa_status bwd_dispatch(const fa::BwdArgs &a, cudaStream_t s) {
 #ifdef FA_HAVE_SM90A
   if (fa::sm90_device() && fa::sm90_backward_covers(a)) {
     const fa_status st = fa::sm90_backward<T>(a, s);
-    if (st != FA_ERR_UNSUPPORTED) return st; /* else a layout TMA cannot map */
+    if (st != FA_ERR_UNSUPPORTED || fa::sm90_strict()) return st; /* else TMA cannot map it */
   }
 #endif
   return fa::dispatch_headdim(a.d, [&](auto dp) { return fa::flash_bwd_launch<T, decltype(dp)::value>(a, s); });

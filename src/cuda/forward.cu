@@ -74,7 +74,7 @@ fa_status flash_forward(const fa_problem *pb) {
   if (fa::sm90_device() && fa::sm90_forward_covers(a)) {
     const fa_status st = pb->dtype == FA_DTYPE_F16 ? fa::sm90_forward<__half>(a, s)
                                                    : fa::sm90_forward<__nv_bfloat16>(a, s);
-    if (st != FA_ERR_UNSUPPORTED) return st; /* else a layout TMA cannot map */
+    if (st != FA_ERR_UNSUPPORTED || fa::sm90_strict()) return st; /* else TMA cannot map it */
   }
 #endif
   return pb->dtype == FA_DTYPE_F16 ? flash_dispatch<__half>(a, s)

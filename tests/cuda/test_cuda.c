@@ -586,6 +586,21 @@ static void ext_cases(fa_dtype dt, int D, int many) {
            1536, 1536);
   c.bq = 128, c.bk = 128, c.bdens = 25;
   run_case(&c);
+  /* blocks that tile the Hopper kernels' tiles: those kernels skip whole tiles */
+  c = base(nm("%s D=%d %s", "block mask 256x128 40% causal GQA 4:2 nq=700 nk=900", D, dt), dt, D, 2,
+           4, 700, 900);
+  c.Hk = 2, c.bq = 256, c.bk = 128, c.bdens = 40, c.causal = 1;
+  run_case(&c);
+  c = base(nm("%s D=%d %s", "varlen block mask 128x384 70% window 300,0", D, dt), dt, D, 1, 2, 0, 0);
+  c.nseq = 3, c.bq = 128, c.bk = 384, c.bdens = 70, c.window = 1, c.wl = 300, c.wr = 0;
+  int lq3[3] = {500, 0, 777}, lk3[3] = {640, 9, 1000};
+  memcpy(c.lq, lq3, sizeof lq3);
+  memcpy(c.lk, lk3, sizeof lk3);
+  run_case(&c);
+  c = base(nm("%s D=%d %s", "block mask 128x128 all hidden (O=0, lse=-inf)", D, dt), dt, D, 1, 2,
+           300, 200);
+  c.bq = 128, c.bk = 128, c.bdens = 0;
+  run_case(&c);
   c = base(nm("%s D=%d %s", "block mask all hidden + dropout (O=0, lse=-inf)", D, dt), dt, D, 2, 2,
            100, 130);
   c.bq = 16, c.bk = 16, c.bdens = 0, c.dropout = 0.3f;
@@ -825,6 +840,9 @@ static void small_suite(void) {
   run_case(&c);
   c = base("small standard dropout + block mask D=64 bf16", FA_DTYPE_BF16, 64, 1, 2, 40, 70);
   c.algo = FA_ALGO_STANDARD, c.dropout = 0.2f, c.bq = 8, c.bk = 16, c.bdens = 60;
+  run_case(&c);
+  c = base("small block mask 128x128 causal GQA 2:1 D=64 bf16", FA_DTYPE_BF16, 64, 1, 2, 300, 300);
+  c.Hk = 1, c.causal = 1, c.bq = 128, c.bk = 128, c.bdens = 60;
   run_case(&c);
   check_dropout_bits(FA_DTYPE_F16, 1, 2, 1, 200, 1);
 }

@@ -17,8 +17,9 @@
  * run from the last to the first, so a causal block's masked tiles come first
  * and the rest carry no masking arithmetic.
  *
- * Covers the plain score path (no softcap, ALiBi, dropout or block mask) at
- * padded head dims 64 and 128; forward.cu sends everything else to the sm_80
+ * Covers the plain score path (no softcap, ALiBi or dropout; block masks of
+ * 128-multiple blocks, skipped a whole tile at a time) at padded head dims 64
+ * and 128; forward.cu sends everything else to the sm_80
  * kernels. Built only for sm_90a; other targets compile an empty body. */
 #include <stdlib.h>
 #include <string.h>
@@ -122,6 +123,12 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
   fa_mask_block_range(&mk, r0, r0 + rows, &klo, &khi);
   const int n_begin = (int)(klo / BC);
   const int n_end = khi > klo ? (int)((khi + BC - 1) / BC) : n_begin;
+  /* Key tiles a block mask (blocks a multiple of the tile, sm90_forward_covers)
+   * skips; producer and consumers each walk the same tiles */
+  auto skip = [&](int n) {
+    return p.bmask &&
+           !__ldg(bmask_head(p, b, h) + (int64_t)(r0 / p.bm_q) * p.bm_sr + n * BC / p.bm_k);
+  };
 
   const int tid = threadIdx.x;
   if (tid == 0) {
@@ -145,8 +152,10 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
 #pragma unroll
       for (int c = 0; c < D / 64; ++c)
         tma_load_4d(sQ + c * BR * 128, &P.tq, q_full, c * 64, qrow, h, qb);
-      for (int i = 0, n = n_end - 1; n >= n_begin; --n, ++i) {
+      for (int i = 0, n = n_end - 1; n >= n_begin; --n) {
+        if (skip(n)) continue;
         const int st = i % ST, ph = (i / ST) & 1;
+        ++i;
         mbar_wait(k_empty(st), ph ^ 1);
         mbar_expect_tx(k_full(st), L::TBYTES);
 #pragma unroll
@@ -191,7 +200,6 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
     const int c0 = n * BC;
     float s[BC / 8][4];
     const uint32_t k_base = sQ + L::K0 + st * L::TBYTES;
-    mbar_wait(k_full(st), ph);
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
@@ -230,12 +238,14 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
     reg_fence(pa);
     if (lane == 0) mbar_arrive(v_empty(st));
   };
-  for (int i = 0, n = n_end - 1; n >= n_begin; --n, ++i) {
+  for (int i = 0, n = n_end - 1; n >= n_begin; --n) {
+    if (skip(n)) continue;
+    mbar_wait(k_full(i % ST), (i / ST) & 1);
     const int c0 = n * BC;
     if (c0 + BC > nk || c0 < lo_max || c0 + BC > hi_min)
-      step(n, i, std::true_type());
+      step(n, i++, std::true_type());
     else
-      step(n, i, std::false_type());
+      step(n, i++, std::false_type());
   }
 
   /* Normalise, write lse, stage O (row stride D + 8) through shared memory */
@@ -290,7 +300,12 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
 }  // namespace sm90
 
 bool sm90_forward_covers(const AttnArgs &a) {
-  if (is_ext(a) || a.cap_log2 > 0.f || a.alibi != NULL || !(a.scale_log2 > 0.f)) return false;
+  /* block masks whose blocks tile both kernels' tiles (128 x 128 forward,
+   * 64 x 128 backward): a tile is then wholly visible or wholly skipped */
+  const bool bm_fits = a.bmask == NULL || (a.bm_q % 128 == 0 && a.bm_k % 128 == 0);
+  if (a.drop.keep_scale > 0.f || !bm_fits || a.cap_log2 > 0.f || a.alibi != NULL ||
+      !(a.scale_log2 > 0.f))
+    return false;
   const int dp = a.d <= 64 ? 64 : a.d <= 128 ? 128 : 0;
   return a.d > 32 && dp != 0 && !(a.d > 64 && a.d <= 96);
 }
@@ -308,6 +323,11 @@ bool sm90_device() {
     cached[dev] = major == 9 && minor == 0 && !off ? 1 : 2;
   }
   return cached[dev] == 1;
+}
+
+bool sm90_strict() {
+  const char *env = getenv("FLASHATTN_CUDA_WGMMA");
+  return env && strcmp(env, "strict") == 0;
 }
 
 template <typename T>

@@ -18,8 +18,13 @@ struct BwdArgs;
 /* The current device runs the sm_90a code (compute capability 9.0) and
  * FLASHATTN_CUDA_WGMMA is not "0" (read once per device). */
 bool sm90_device();
-/* The wgmma forward handles these arguments (plain scores, head dim 33..64 or
- * 97..128); otherwise the sm_80 kernels run. */
+/* FLASHATTN_CUDA_WGMMA=strict: a layout the Hopper kernels refuse (a tensor
+ * map the driver will not encode) is an error instead of a fallback to the
+ * sm_80 kernels, so tests can tell which kernels ran. */
+bool sm90_strict();
+/* The wgmma forward handles these arguments (plain scores or a block mask of
+ * 128-multiple blocks, no dropout, head dim 33..64 or 97..128); otherwise the
+ * sm_80 kernels run. */
 bool sm90_forward_covers(const AttnArgs &a);
 template <typename T>
 fa_status sm90_forward(const FwdArgs &a, cudaStream_t s);

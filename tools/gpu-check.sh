@@ -75,6 +75,13 @@ if [ $run_test = 1 ]; then
   stamp "test_cuda"
   ./build-gpu/bin/test_cuda -v >"$OUT/test_cuda.log" 2>&1 || status=1
   grep -E "^FAIL|passed" "$OUT/test_cuda.log" | tail -30
+  if [ -x build-gpu/bin/test_wgmma ] && nvidia-smi --query-gpu=compute_cap --format=csv,noheader |
+    grep -q '^9\.0'; then
+    # a refused tensor map is an error here, not a silent sm_80 fallback
+    stamp "test_cuda with FLASHATTN_CUDA_WGMMA=strict (the Hopper kernels, no fallback)"
+    FLASHATTN_CUDA_WGMMA=strict ./build-gpu/bin/test_cuda >"$OUT/test_strict.log" 2>&1 || status=1
+    grep -E "^FAIL|passed" "$OUT/test_strict.log" | tail -30
+  fi
 fi
 
 if [ $run_san = 1 ]; then

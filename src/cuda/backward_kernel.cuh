@@ -371,13 +371,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) flash_bwd_kv_kernel(const BwdAr
   const int cols = min(BC, nk - c0);
   const fa_mask mk =
       fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
-  int64_t rlo, rhi, t0, t1;
-  fa_mask_col_range(&mk, c0, &rlo, &t0);            /* rows that see the first key */
-  fa_mask_col_range(&mk, c0 + cols - 1, &t1, &rhi); /* ... and the last one */
-  /* Rows [t1, t0) see every key of the block: their query blocks need no mask. */
-  const int full_lo = (int)t1, full_hi = (int)t0;
-  const int m_begin = (int)(rlo / BR);
-  const int nm = rhi > rlo ? (int)((rhi + BR - 1) / BR) - m_begin : 0;
+  const QueryTiles qt = query_tiles<BR, BC>(mk, c0, cols);
+  const int m_begin = qt.m_begin, nm = qt.nm;
   const int steps = nm * p.group;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -563,7 +558,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) flash_bwd_kv_kernel(const BwdAr
   for (int s = s_first; s < steps; s = s_next) {
     const int r = (m_begin + s % nm) * BR;
     const bool some = EXT && cls == kTileSome;
-    if (some || cols < BC || r < full_lo || min(r + BR, nq) > full_hi)
+    if (some || qt.masked(r, BR, nq))
       step(s, std::true_type(), some);
     else
       step(s, std::false_type(), false);
@@ -612,14 +607,8 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_bwd_dq_kernel(cons
   const int rows = min(BR, nq - r0), hk = h / p.group;
   const fa_mask mk =
       fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
-  int64_t klo, khi, t_lo, t_hi;
-  fa_mask_block_range(&mk, r0, r0 + rows, &klo, &khi);
-  const int n_begin = (int)(klo / BC);
-  const int n_end = khi > klo ? (int)((khi + BC - 1) / BC) : n_begin;
-  fa_mask_row_range(&mk, r0 + rows - 1, &t_lo, &t_hi);
-  const int lo_max = (int)t_lo;
-  fa_mask_row_range(&mk, r0, &t_lo, &t_hi);
-  const int hi_min = (int)t_hi;
+  const KeyTiles kt = key_tiles<BC>(mk, r0, rows);
+  const int n_begin = kt.n_begin, n_end = kt.n_end;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3, wrow = warp * 16;
@@ -728,9 +717,8 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_bwd_dq_kernel(cons
     }
   };
   for (; n < n_end; n = n_next, buf ^= 1) {
-    const int c0 = n * BC;
     const bool some = EXT && cls == kTileSome;
-    if (some || c0 + BC > nk || c0 < lo_max || c0 + BC > hi_min)
+    if (some || kt.masked(n * BC, BC, nk))
       step(n, std::true_type(), some);
     else
       step(n, std::false_type(), false);

@@ -206,6 +206,53 @@ __device__ __forceinline__ SeqView seq_view(const AttnArgs &p, int b) {
   return v;
 }
 
+/* The key tiles (BC keys) of query rows [r0, r0 + rows): tiles [n_begin,
+ * n_end) hold every key a row sees; keys [lo_max, hi_min) are seen by every
+ * row, so a tile inside them (and inside nk) needs no element mask. */
+struct KeyTiles {
+  int n_begin, n_end, lo_max, hi_min;
+  __device__ __forceinline__ bool masked(int c0, int bc, int nk) const {
+    return c0 + bc > nk || c0 < lo_max || c0 + bc > hi_min;
+  }
+};
+template <int BC>
+__device__ __forceinline__ KeyTiles key_tiles(const fa_mask &mk, int r0, int rows) {
+  int64_t lo, hi, a, z;
+  KeyTiles t;
+  fa_mask_block_range(&mk, r0, r0 + rows, &lo, &hi);
+  t.n_begin = (int)(lo / BC);
+  t.n_end = hi > lo ? (int)((hi + BC - 1) / BC) : t.n_begin;
+  fa_mask_row_range(&mk, r0 + rows - 1, &a, &z);
+  t.lo_max = (int)a;
+  fa_mask_row_range(&mk, r0, &a, &z);
+  t.hi_min = (int)z;
+  return t;
+}
+
+/* The query tiles (BR rows) of keys [c0, c0 + cols): tiles [m_begin, m_begin
+ * + nm) hold every row that sees one of the keys; rows [full_lo, full_hi) see
+ * all of them, so a tile inside (with a full BC keys) needs no element mask. */
+struct QueryTiles {
+  int m_begin, nm, full_lo, full_hi;
+  bool part; /* fewer than BC keys */
+  __device__ __forceinline__ bool masked(int r, int br, int nq) const {
+    return part || r < full_lo || min(r + br, nq) > full_hi;
+  }
+};
+template <int BR, int BC>
+__device__ __forceinline__ QueryTiles query_tiles(const fa_mask &mk, int c0, int cols) {
+  int64_t rlo, rhi, t0, t1;
+  QueryTiles t;
+  fa_mask_col_range(&mk, c0, &rlo, &t0);            /* rows that see the first key */
+  fa_mask_col_range(&mk, c0 + cols - 1, &t1, &rhi); /* ... and the last one */
+  t.full_lo = (int)t1;
+  t.full_hi = (int)t0;
+  t.m_begin = (int)(rlo / BR);
+  t.nm = rhi > rlo ? (int)((rhi + BR - 1) / BR) - t.m_begin : 0;
+  t.part = cols < BC;
+  return t;
+}
+
 /* ROWS x D tile of a strided tensor -> shared memory (row stride D + 8).
  * Rows >= valid_rows and columns >= d are zero-filled. Each thread owns one
  * 16-byte column chunk and walks rows NT / CPR apart, so its source address is
@@ -285,13 +332,14 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
   const int rows = min(BR, nq - r0);
   const int hk = h / p.group;
 
+  /* key_tiles<BC>(), written out: with the struct, ptxas spills in the D=128
+   * EXT variant of this kernel */
   int64_t klo, khi, t_lo, t_hi;
   const fa_mask mk =
       fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
   fa_mask_block_range(&mk, r0, r0 + rows, &klo, &khi);
   const int n_begin = (int)(klo / BC);
   const int n_end = khi > klo ? (int)((khi + BC - 1) / BC) : n_begin;
-  /* Columns every row of the block sees: tiles inside need no mask. */
   fa_mask_row_range(&mk, r0 + rows - 1, &t_lo, &t_hi);
   const int lo_max = (int)t_lo;
   fa_mask_row_range(&mk, r0, &t_lo, &t_hi);
@@ -491,8 +539,8 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
     }
   };
   for (; n >= n_begin; n = n_next) {
-    const int c0 = n * BC;
     const bool some = EXT && cls == kTileSome;
+    const int c0 = n * BC;
     if (some || c0 + BC > nk || c0 < lo_max || c0 + BC > hi_min)
       step(n, std::true_type(), some);
     else

@@ -32,6 +32,7 @@ template <int D>
 struct BwdShape {
   static constexpr int NWG = 2, BC = 64 * NWG, BR = 64, ST = 2;
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
+  static_assert(BR <= kRowSpare, "lse2/Di loads of a tile stay in the workspace");
 };
 
 struct BwdParams {
@@ -75,12 +76,8 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   const int cols = min(BC, nk - c0);
   const fa_mask mk =
       fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
-  int64_t rlo, rhi, t0, t1;
-  fa_mask_col_range(&mk, c0, &rlo, &t0);            /* rows that see the first key */
-  fa_mask_col_range(&mk, c0 + cols - 1, &t1, &rhi); /* ... and the last one */
-  const int full_lo = (int)t1, full_hi = (int)t0;   /* rows that see every key */
-  const int m_begin = (int)(rlo / BR);
-  const int nm = rhi > rlo ? (int)((rhi + BR - 1) / BR) - m_begin : 0;
+  const QueryTiles qt = query_tiles<BR, BC>(mk, c0, cols);
+  const int m_begin = qt.m_begin, nm = qt.nm;
   const int steps = nm * p.group; /* step s: head hk group + s / nm, block m_begin + s % nm */
   /* Steps a block mask (blocks a multiple of the tiles, sm90_forward_covers)
    * skips; producer and consumers each walk the same steps */
@@ -105,11 +102,8 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     if (tid == 0) {
       const int krow = (int)sv.k0 + c0, qb = (int)sv.qb, kb = (int)sv.kb;
       mbar_expect_tx(kv_full, 2 * L::KBYTES);
-#pragma unroll
-      for (int c = 0; c < D / 64; ++c) {
-        tma_load_4d(sK + c * BC * 128, &P.tk, kv_full, c * 64, krow, hk, kb);
-        tma_load_4d(sK + L::V0 + c * BC * 128, &P.tv, kv_full, c * 64, krow, hk, kb);
-      }
+      tma_load_tile<BC, D>(sK, &P.tk, kv_full, krow, hk, kb);
+      tma_load_tile<BC, D>(sK + L::V0, &P.tv, kv_full, krow, hk, kb);
       for (int s = 0, i = 0; s < steps; ++s) {
         if (skip(s)) continue;
         const int h = hk * p.group + s / nm, qrow = (int)sv.q0 + (m_begin + s % nm) * BR;
@@ -117,13 +111,8 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
         ++i;
         mbar_wait(q_empty(st), ph ^ 1);
         mbar_expect_tx(q_full(st), 2 * L::QBYTES);
-#pragma unroll
-        for (int c = 0; c < D / 64; ++c) {
-          tma_load_4d(sK + L::Q0 + st * L::QBYTES + c * BR * 128, &P.tq, q_full(st), c * 64, qrow,
-                      h, qb);
-          tma_load_4d(sK + L::DO0 + st * L::QBYTES + c * BR * 128, &P.tdo, q_full(st), c * 64, qrow,
-                      h, qb);
-        }
+        tma_load_tile<BR, D>(sK + L::Q0 + st * L::QBYTES, &P.tq, q_full(st), qrow, h, qb);
+        tma_load_tile<BR, D>(sK + L::DO0 + st * L::QBYTES, &P.tdo, q_full(st), qrow, h, qb);
       }
     }
     return;
@@ -174,7 +163,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
 #pragma unroll
       for (int j = 2 * kk; j < 2 * kk + 2; ++j) {
         /* unpredicated (13% faster than qi < nq ? load : inf): rows past nq
-         * read the next head's values or the 64 spare floats (backward.cu) */
+         * read the next head's values or the kRowSpare floats (backward.cu) */
         const float *l2 = p.lse2 + sv.lse0 + h * sv.lse_hs + r + j * 8 + 2 * t;
         const float *dr = p.dsum + sv.lse0 + h * sv.lse_hs + r + j * 8 + 2 * t;
         const float l2v[2] = {__ldg(l2), __ldg(l2 + 1)}, div[2] = {__ldg(dr), __ldg(dr + 1)};
@@ -269,7 +258,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     if (skip(s)) continue;
     mbar_wait(q_full(i % ST), (i / ST) & 1);
     const int r = (m_begin + s % nm) * BR;
-    if (cols < BC || r < full_lo || min(r + BR, nq) > full_hi)
+    if (qt.masked(r, BR, nq))
       step(s, i++, std::true_type());
     else
       step(s, i++, std::false_type());

@@ -117,12 +117,10 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
   if (r0 >= nq) return;
   const int rows = min(BR, nq - r0);
 
-  int64_t klo, khi;
   const fa_mask mk =
       fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
-  fa_mask_block_range(&mk, r0, r0 + rows, &klo, &khi);
-  const int n_begin = (int)(klo / BC);
-  const int n_end = khi > klo ? (int)((khi + BC - 1) / BC) : n_begin;
+  const KeyTiles kt = key_tiles<BC>(mk, r0, rows);
+  const int n_begin = kt.n_begin, n_end = kt.n_end;
   /* Key tiles a block mask (blocks a multiple of the tile, sm90_forward_covers)
    * skips; producer and consumers each walk the same tiles */
   auto skip = [&](int n) {
@@ -149,25 +147,17 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
       const int hk = h / p.group, qrow = (int)(sv.q0 + r0), krow = (int)sv.k0;
       const int qb = (int)sv.qb, kb = (int)sv.kb;
       mbar_expect_tx(q_full, L::QBYTES);
-#pragma unroll
-      for (int c = 0; c < D / 64; ++c)
-        tma_load_4d(sQ + c * BR * 128, &P.tq, q_full, c * 64, qrow, h, qb);
+      tma_load_tile<BR, D>(sQ, &P.tq, q_full, qrow, h, qb);
       for (int i = 0, n = n_end - 1; n >= n_begin; --n) {
         if (skip(n)) continue;
         const int st = i % ST, ph = (i / ST) & 1;
         ++i;
         mbar_wait(k_empty(st), ph ^ 1);
         mbar_expect_tx(k_full(st), L::TBYTES);
-#pragma unroll
-        for (int c = 0; c < D / 64; ++c)
-          tma_load_4d(sQ + L::K0 + st * L::TBYTES + c * BC * 128, &P.tk, k_full(st), c * 64,
-                      krow + n * BC, hk, kb);
+        tma_load_tile<BC, D>(sQ + L::K0 + st * L::TBYTES, &P.tk, k_full(st), krow + n * BC, hk, kb);
         mbar_wait(v_empty(st), ph ^ 1);
         mbar_expect_tx(v_full(st), L::TBYTES);
-#pragma unroll
-        for (int c = 0; c < D / 64; ++c)
-          tma_load_4d(sQ + L::V0 + st * L::TBYTES + c * BC * 128, &P.tv, v_full(st), c * 64,
-                      krow + n * BC, hk, kb);
+        tma_load_tile<BC, D>(sQ + L::V0 + st * L::TBYTES, &P.tv, v_full(st), krow + n * BC, hk, kb);
       }
     }
     return;
@@ -175,11 +165,6 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
 
   /* ---- consumer warpgroups ---- */
   regs_alloc<S::CONSUMER_REGS>();
-  int64_t t_lo, t_hi;
-  fa_mask_row_range(&mk, r0 + rows - 1, &t_lo, &t_hi);
-  const int lo_max = (int)t_lo; /* columns every row of the block sees */
-  fa_mask_row_range(&mk, r0, &t_lo, &t_hi);
-  const int hi_min = (int)t_hi;
   const int ctid = tid - 128, wg = ctid >> 7, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   const int wrow = wg * 64 + ((ctid >> 5) & 3) * 16; /* this warp's first row in the block */
@@ -241,8 +226,7 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
   for (int i = 0, n = n_end - 1; n >= n_begin; --n) {
     if (skip(n)) continue;
     mbar_wait(k_full(i % ST), (i / ST) & 1);
-    const int c0 = n * BC;
-    if (c0 + BC > nk || c0 < lo_max || c0 + BC > hi_min)
+    if (kt.masked(n * BC, BC, nk))
       step(n, i++, std::true_type());
     else
       step(n, i++, std::false_type());

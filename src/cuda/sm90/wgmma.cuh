@@ -165,6 +165,16 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, uint3
       "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
+/* A ROWS x D tile of a tensor map's (d, seqlen, heads, batch) tensor, rows
+ * from row of (head, batch), as D / 64 boxes of 64 columns into the SW128
+ * tile at dst (blocks ROWS x 128 bytes apart), completing on bar. */
+template <int ROWS, int D>
+__device__ __forceinline__ void tma_load_tile(uint32_t dst, const void *map, uint32_t bar, int row,
+                                              int head, int batch) {
+#pragma unroll
+  for (int c = 0; c < D / 64; ++c)
+    tma_load_4d(dst + c * ROWS * 128, map, bar, c * 64, row, head, batch);
+}
 /* Named barrier over `count` threads (id 0 is __syncthreads'). */
 __device__ __forceinline__ void named_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");

@@ -254,15 +254,19 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
           : "memory");
     }
   };
-  for (int s = 0, i = 0; s < steps; ++s) {
-    if (skip(s)) continue;
-    mbar_wait(q_full(i % ST), (i / ST) & 1);
-    const int r = (m_begin + s % nm) * BR;
-    if (qt.masked(r, BR, nq))
-      step(s, i++, std::true_type());
-    else
-      step(s, i++, std::false_type());
-  }
+  /* 32 steps per mask test: lane l tests step s0 + l, the ballot lists the
+   * visited ones (every warp computes the same list) */
+  for (int s0 = 0, i = 0; s0 < steps; s0 += 32)
+    for (uint32_t live = __ballot_sync(0xffffffffu, s0 + lane < steps && !skip(s0 + lane)); live;
+         live &= live - 1) {
+      const int s = s0 + __ffs(live) - 1;
+      mbar_wait(q_full(i % ST), (i / ST) & 1);
+      const int r = (m_begin + s % nm) * BR;
+      if (qt.masked(r, BR, nq))
+        step(s, i++, std::true_type());
+      else
+        step(s, i++, std::false_type());
+    }
 
   /* dK (times scale) and dV, each warpgroup its 64 keys, staged (row stride
    * D + 8) over the Q/dO ring and the dS^T tiles, which nobody reads any more */

@@ -223,13 +223,18 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
     reg_fence(pa);
     if (lane == 0) mbar_arrive(v_empty(st));
   };
-  for (int i = 0, n = n_end - 1; n >= n_begin; --n) {
-    if (skip(n)) continue;
-    mbar_wait(k_full(i % ST), (i / ST) & 1);
-    if (kt.masked(n * BC, BC, nk))
-      step(n, i++, std::true_type());
-    else
-      step(n, i++, std::false_type());
+  /* 32 tiles per mask test: lane l tests tile n0 - l, the ballot lists the
+   * visited ones (every warp computes the same list) */
+  for (int i = 0, n0 = n_end - 1; n0 >= n_begin; n0 -= 32) {
+    uint32_t live = __ballot_sync(0xffffffffu, n0 - lane >= n_begin && !skip(n0 - lane));
+    for (; live; live &= live - 1) {
+      const int n = n0 - (__ffs(live) - 1);
+      mbar_wait(k_full(i % ST), (i / ST) & 1);
+      if (kt.masked(n * BC, BC, nk))
+        step(n, i++, std::true_type());
+      else
+        step(n, i++, std::false_type());
+    }
   }
 
   /* Normalise, write lse, stage O (row stride D + 8) through shared memory */

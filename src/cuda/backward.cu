@@ -3,7 +3,7 @@
  * (each part rounded up to 256 bytes):
  *   Di      heads_q * total_q + 64 floats (lse layout)
  *   lse2    heads_q * total_q + 64 floats (lse * log2 e)
- *           (kRowSpare = 64 spare: the Hopper kernel loads whole query tiles)
+ *           (kRowSpare = 128 spare: the Hopper kernel loads whole query tiles)
  *   dQ acc  heads_q * total_q * Dp floats, Dp the padded head dim (32, 64, 96,
  *           128, 192 or 256); not with params.deterministic, whose dQ kernel
  *           keeps dQ in registers.

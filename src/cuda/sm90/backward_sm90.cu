@@ -28,9 +28,17 @@
 namespace fa {
 namespace sm90 {
 
+/* BR = 128 at D = 64: each step then carries twice the products for the
+ * same waits and barriers, and dQ is split by query rows (SHARED_DQ: each
+ * warpgroup reduces 64 rows over all BC keys, reading both warpgroups' dS^T,
+ * double-buffered). At D = 128 the accumulators of 128 query rows do not fit
+ * beside dK and dV: BR = 64 and each warpgroup reduces its own 64 keys'
+ * partial dQ of the whole tile. */
 template <int D>
 struct BwdShape {
-  static constexpr int NWG = 2, BC = 64 * NWG, BR = 64, ST = 2;
+  static constexpr int NWG = 2, BC = 64 * NWG, BR = D <= 64 ? 128 : 64, ST = 2;
+  static constexpr bool SHARED_DQ = BR == 64 * NWG;
+  static constexpr int DS_BUFS = SHARED_DQ ? 2 : 1;
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
   static_assert(BR <= kRowSpare, "lse2/Di loads of a tile stay in the workspace");
 };
@@ -45,10 +53,10 @@ struct BwdSmem {
   using S = BwdShape<D>;
   static constexpr uint32_t KBYTES = S::BC * D * 2, QBYTES = S::BR * D * 2;
   static constexpr uint32_t V0 = KBYTES, Q0 = 2 * KBYTES, DO0 = Q0 + S::ST * QBYTES;
-  static constexpr uint32_t DS0 = DO0 + S::ST * QBYTES; /* per warpgroup: 64 keys x BR */
-  static constexpr uint32_t DSBYTES = 64 * S::BR * 2;
-  static constexpr uint32_t DQ0 = DS0 + S::NWG * DSBYTES; /* per warpgroup: BR x D floats */
-  static constexpr uint32_t DQBYTES = S::BR * D * 4;
+  /* per buffer and warpgroup: dS^T of its 64 keys x BR queries */
+  static constexpr uint32_t DS0 = DO0 + S::ST * QBYTES, DSBYTES = 64 * S::BR * 2;
+  /* per warpgroup: the 64 x D float32 dQ rows it reduces */
+  static constexpr uint32_t DQ0 = DS0 + S::DS_BUFS * S::NWG * DSBYTES, DQBYTES = 64 * D * 4;
   static constexpr uint32_t BARS = DQ0 + S::NWG * DQBYTES;
   /* barriers: kv_full, q_full[ST], q_empty[ST]; 1 KB to align the base */
   static constexpr size_t BYTES = BARS + 8 * (1 + 2 * S::ST) + 1024;
@@ -124,8 +132,11 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   const int g = lane >> 2, t = lane & 3;
   const int kw = wg * 64 + ((ctid >> 5) & 3) * 16; /* this warp's first key in the block */
   const uint32_t k_wg = sK + wg * 64 * 128, v_wg = sK + L::V0 + wg * 64 * 128;
-  const uint32_t ds_wg = sK + L::DS0 + wg * L::DSBYTES;
+  auto ds_tile = [&](int buf, int w) { return sK + L::DS0 + (buf * S::NWG + w) * L::DSBYTES; };
   const uint32_t dq_wg = sK + L::DQ0 + wg * L::DQBYTES;
+  /* dQ rows [qw, qw + 64) of the tile over keys [kq0, kq0 + KQ) of the block */
+  constexpr int KQ = S::SHARED_DQ ? BC : 64;
+  const int qw = S::SHARED_DQ ? wg * 64 : 0, kq0 = S::SHARED_DQ ? 0 : wg * 64;
   const bool issuer = (ctid & 127) == 0; /* issues this warpgroup's dQ reductions */
 
   float dk[D / 8][4], dv[D / 8][4];
@@ -197,7 +208,10 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     for (int kk = 0; kk < BR / 16; ++kk)
       wgmma_rs<T, D>(dk, da[kk], sw128_mnmajor(q_st, kk, BR * 128), 1);
     wg_commit();
-    /* dS^T (this warpgroup's 64 keys x BR queries) -> SW128 tile for dQ */
+    /* dS^T (this warpgroup's 64 keys x BR queries) -> SW128 tile for dQ.
+     * Double-buffered when shared: the other warpgroup read this buffer two
+     * steps ago and has passed the last step's barrier since. */
+    const uint32_t ds_wg = ds_tile(i % S::DS_BUFS, wg);
     const int kr = kw - wg * 64 + g;
 #pragma unroll
     for (int kk = 0; kk < BR / 16; ++kk)
@@ -209,7 +223,10 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
                      : "memory");
       }
     fence_proxy_async();
-    named_sync(2 + wg, 128); /* the warpgroup's dS^T is stored */
+    if constexpr (S::SHARED_DQ)
+      named_sync(1, NC); /* both warpgroups' dS^T are stored */
+    else
+      named_sync(2 + wg, 128); /* the warpgroup's dS^T is stored */
     wg_wait<0>();
     reg_fence(dv);
     reg_fence(dk);
@@ -221,15 +238,18 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
      * time (with dK and dV live, all of D at once would not fit) */
     if (issuer) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
     named_sync(2 + wg, 128); /* the previous reduction has read the staging tile */
+    const uint32_t ds_buf = ds_tile(i % S::DS_BUFS, 0) + (qw / 64) * 64 * 128;
     const uint32_t dq_lane = dq_wg + ((((ctid >> 5) & 3) * 16 + g) * D + 2 * t) * 4;
 #pragma unroll
     for (int c = 0; c < D / 64; ++c) {
       float dq[8][4];
       wg_fence();
 #pragma unroll
-      for (int kk = 0; kk < 64 / 16; ++kk)
-        wgmma_ss_mn<T, 64>(dq, sw128_mnmajor(ds_wg, kk, 64 * 128),
-                           sw128_mnmajor(k_wg + c * BC * 128, kk, BC * 128), kk > 0);
+      for (int kk = 0; kk < KQ / 16; ++kk) {
+        const int kb = kq0 / 16 + kk; /* key step in the block; tile kb / 4 */
+        wgmma_ss_mn<T, 64>(dq, sw128_mnmajor(ds_buf + (kb / 4) * L::DSBYTES, kb % 4, 64 * 128),
+                           sw128_mnmajor(sK + c * BC * 128, kb, BC * 128), kk > 0);
+      }
       wg_commit();
       wg_wait<0>();
       reg_fence(dq);
@@ -244,9 +264,9 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     }
     fence_proxy_async();
     named_sync(2 + wg, 128); /* the staging tile is complete */
-    if (issuer && r < nq) {
-      float *dst = p.dq_acc + (sv.lse0 + h * sv.lse_hs + r) * D;
-      const uint32_t bytes = (uint32_t)min(BR, nq - r) * D * 4;
+    if (issuer && r + qw < nq) {
+      float *dst = p.dq_acc + (sv.lse0 + h * sv.lse_hs + r + qw) * D;
+      const uint32_t bytes = (uint32_t)min(64, nq - r - qw) * D * 4;
       asm volatile(
           "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
           "cp.async.bulk.commit_group;\n" ::"l"(dst),

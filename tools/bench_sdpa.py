@@ -195,9 +195,9 @@ def fmt(x):
     return "%6.0f" % x if x is not None else "     -"
 
 
-def grid_shapes(quick):
+def grid_shapes(quick, dims=(64, 128)):
     Ns = [512, 4096, 16384] if quick else [512, 1024, 2048, 4096, 8192, 16384]
-    for D in (64, 128):
+    for D in dims:
         for causal in (False, True):
             for N in Ns:
                 yield D, causal, N, 16384 // N, 2048 // D
@@ -205,7 +205,7 @@ def grid_shapes(quick):
 
 def fwd_grid(a, ours, results):
     rows = []
-    for D, causal, N, B, H in grid_shapes(a.quick):
+    for D, causal, N, B, H in grid_shapes(a.quick, a.headdim):
         q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         flops = 4 * B * H * N * N * D / (2 if causal else 1)
         r = {"N": N, "D": D, "B": B, "H": H, "causal": causal}
@@ -293,7 +293,7 @@ def sdpa_grad_fns(be, q, k, v, do, causal):
 
 def bwd_grid(a, ours, results):
     rows = []
-    for D, causal, N, B, H in grid_shapes(a.quick):
+    for D, causal, N, B, H in grid_shapes(a.quick, a.headdim):
         q, k, v, do = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16)
                        for _ in range(4))
         fl = 4 * B * H * N * N * D / (2 if causal else 1)
@@ -418,6 +418,8 @@ def main():
     ap.add_argument("--pass", dest="which", choices=("fwd", "bwd", "all"), default="all")
     ap.add_argument("--no-mem", action="store_true", help="skip the memory-vs-N table")
     ap.add_argument("--only-ours", action="store_true", help="time only flashattn (tuning)")
+    ap.add_argument("--headdim", type=int, nargs="+", choices=(64, 128), default=(64, 128),
+                    help="head dims of the grids (both by default)")
     a = ap.parse_args()
     lib = a.lib or next(iter(sorted(glob.glob("build-gpu/libflashattn.so*"))), None)
     ours = Ours(lib)

@@ -253,6 +253,19 @@ __device__ __forceinline__ QueryTiles query_tiles(const fa_mask &mk, int c0, int
   return t;
 }
 
+/* f(k) for k = 0 .. count - 1 in order, except where skip(k) (a block mask's
+ * zero tile): the warp tests 32 k at a time, one mask load per lane and a
+ * ballot, instead of one dependent load per k. Every lane of the warp calls
+ * it and every lane calls f with the same k. */
+template <typename Skip, typename F>
+__device__ __forceinline__ void for_each_live(int count, Skip skip, F f) {
+  const int lane = threadIdx.x & 31;
+  for (int k0 = 0; k0 < count; k0 += 32)
+    for (uint32_t live = __ballot_sync(0xffffffffu, k0 + lane < count && !skip(k0 + lane)); live;
+         live &= live - 1)
+      f(k0 + __ffs(live) - 1);
+}
+
 /* ROWS x D tile of a strided tensor -> shared memory (row stride D + 8).
  * Rows >= valid_rows and columns >= d are zero-filled. Each thread owns one
  * 16-byte column chunk and walks rows NT / CPR apart, so its source address is

@@ -107,21 +107,24 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
 
   if (tid < 128) { /* ---- producer warpgroup ---- */
     regs_dealloc<S::PRODUCER_REGS>();
-    if (tid == 0) {
+    if (tid < 32) { /* one warp walks the steps, its lane 0 issues the copies */
       const int krow = (int)sv.k0 + c0, qb = (int)sv.qb, kb = (int)sv.kb;
-      mbar_expect_tx(kv_full, 2 * L::KBYTES);
-      tma_load_tile<BC, D>(sK, &P.tk, kv_full, krow, hk, kb);
-      tma_load_tile<BC, D>(sK + L::V0, &P.tv, kv_full, krow, hk, kb);
-      for (int s = 0, i = 0; s < steps; ++s) {
-        if (skip(s)) continue;
+      if (tid == 0) {
+        mbar_expect_tx(kv_full, 2 * L::KBYTES);
+        tma_load_tile<BC, D>(sK, &P.tk, kv_full, krow, hk, kb);
+        tma_load_tile<BC, D>(sK + L::V0, &P.tv, kv_full, krow, hk, kb);
+      }
+      int i = 0;
+      for_each_live(steps, skip, [&](int s) {
         const int h = hk * p.group + s / nm, qrow = (int)sv.q0 + (m_begin + s % nm) * BR;
         const int st = i % ST, ph = (i / ST) & 1;
         ++i;
+        if (tid != 0) return;
         mbar_wait(q_empty(st), ph ^ 1);
         mbar_expect_tx(q_full(st), 2 * L::QBYTES);
         tma_load_tile<BR, D>(sK + L::Q0 + st * L::QBYTES, &P.tq, q_full(st), qrow, h, qb);
         tma_load_tile<BR, D>(sK + L::DO0 + st * L::QBYTES, &P.tdo, q_full(st), qrow, h, qb);
-      }
+      });
     }
     return;
   }
@@ -274,19 +277,15 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
           : "memory");
     }
   };
-  /* 32 steps per mask test: lane l tests step s0 + l, the ballot lists the
-   * visited ones (every warp computes the same list) */
-  for (int s0 = 0, i = 0; s0 < steps; s0 += 32)
-    for (uint32_t live = __ballot_sync(0xffffffffu, s0 + lane < steps && !skip(s0 + lane)); live;
-         live &= live - 1) {
-      const int s = s0 + __ffs(live) - 1;
-      mbar_wait(q_full(i % ST), (i / ST) & 1);
-      const int r = (m_begin + s % nm) * BR;
-      if (qt.masked(r, BR, nq))
-        step(s, i++, std::true_type());
-      else
-        step(s, i++, std::false_type());
-    }
+  int i = 0; /* visited steps so far: the ring's position */
+  for_each_live(steps, skip, [&](int s) {
+    mbar_wait(q_full(i % ST), (i / ST) & 1);
+    const int r = (m_begin + s % nm) * BR;
+    if (qt.masked(r, BR, nq))
+      step(s, i++, std::true_type());
+    else
+      step(s, i++, std::false_type());
+  });
 
   /* dK (times scale) and dV, each warpgroup its 64 keys, staged (row stride
    * D + 8) over the Q/dO ring and the dS^T tiles, which nobody reads any more */

@@ -123,9 +123,9 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
   const int n_begin = kt.n_begin, n_end = kt.n_end;
   /* Key tiles a block mask (blocks a multiple of the tile, sm90_forward_covers)
    * skips; producer and consumers each walk the same tiles */
-  auto skip = [&](int n) {
-    return p.bmask &&
-           !__ldg(bmask_head(p, b, h) + (int64_t)(r0 / p.bm_q) * p.bm_sr + n * BC / p.bm_k);
+  auto tile_skip = [&](int k) { /* key tile n_end - 1 - k: the walk runs backwards */
+    return p.bmask && !__ldg(bmask_head(p, b, h) + (int64_t)(r0 / p.bm_q) * p.bm_sr +
+                             (n_end - 1 - k) * BC / p.bm_k);
   };
 
   const int tid = threadIdx.x;
@@ -143,22 +143,25 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
 
   if (tid < 128) { /* ---- producer warpgroup ---- */
     regs_dealloc<S::PRODUCER_REGS>();
-    if (tid == 0) {
+    if (tid < 32) { /* one warp walks the tiles, its lane 0 issues the copies */
       const int hk = h / p.group, qrow = (int)(sv.q0 + r0), krow = (int)sv.k0;
       const int qb = (int)sv.qb, kb = (int)sv.kb;
-      mbar_expect_tx(q_full, L::QBYTES);
-      tma_load_tile<BR, D>(sQ, &P.tq, q_full, qrow, h, qb);
-      for (int i = 0, n = n_end - 1; n >= n_begin; --n) {
-        if (skip(n)) continue;
-        const int st = i % ST, ph = (i / ST) & 1;
+      if (tid == 0) {
+        mbar_expect_tx(q_full, L::QBYTES);
+        tma_load_tile<BR, D>(sQ, &P.tq, q_full, qrow, h, qb);
+      }
+      int i = 0;
+      for_each_live(n_end - n_begin, tile_skip, [&](int k) {
+        const int n = n_end - 1 - k, st = i % ST, ph = (i / ST) & 1;
         ++i;
+        if (tid != 0) return;
         mbar_wait(k_empty(st), ph ^ 1);
         mbar_expect_tx(k_full(st), L::TBYTES);
         tma_load_tile<BC, D>(sQ + L::K0 + st * L::TBYTES, &P.tk, k_full(st), krow + n * BC, hk, kb);
         mbar_wait(v_empty(st), ph ^ 1);
         mbar_expect_tx(v_full(st), L::TBYTES);
         tma_load_tile<BC, D>(sQ + L::V0 + st * L::TBYTES, &P.tv, v_full(st), krow + n * BC, hk, kb);
-      }
+      });
     }
     return;
   }
@@ -223,19 +226,15 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
     reg_fence(pa);
     if (lane == 0) mbar_arrive(v_empty(st));
   };
-  /* 32 tiles per mask test: lane l tests tile n0 - l, the ballot lists the
-   * visited ones (every warp computes the same list) */
-  for (int i = 0, n0 = n_end - 1; n0 >= n_begin; n0 -= 32) {
-    uint32_t live = __ballot_sync(0xffffffffu, n0 - lane >= n_begin && !skip(n0 - lane));
-    for (; live; live &= live - 1) {
-      const int n = n0 - (__ffs(live) - 1);
-      mbar_wait(k_full(i % ST), (i / ST) & 1);
-      if (kt.masked(n * BC, BC, nk))
-        step(n, i++, std::true_type());
-      else
-        step(n, i++, std::false_type());
-    }
-  }
+  int i = 0; /* visited tiles so far: the ring's position */
+  for_each_live(n_end - n_begin, tile_skip, [&](int k) {
+    const int n = n_end - 1 - k;
+    mbar_wait(k_full(i % ST), (i / ST) & 1);
+    if (kt.masked(n * BC, BC, nk))
+      step(n, i++, std::true_type());
+    else
+      step(n, i++, std::false_type());
+  });
 
   /* Normalise, write lse, stage O (row stride D + 8) through shared memory */
   named_sync(1, NC); /* every consumer is done with Q and K */

@@ -3,7 +3,8 @@
 # --prebuilt=...): flash2 time against block density s (--block-sparse S,128,
 # every row block keeps round(S * key blocks) random 128-key blocks) next to the
 # dense plain kernel, then the sliding-window shape against FlexAttention
-# (tools/bench_flex.py). bf16, D=128, H=16, non-causal; N=4096 B=4, N=16384 B=1.
+# (tools/bench_flex.py), after a window-width sweep (time against steps per block: the
+# intercept is the per-block cost). bf16, D=128, H=16, non-causal; N=4096 B=4, N=16384 B=1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=$PWD/build-gpu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -18,6 +19,11 @@ for nb in 4096:4 16384:1; do
     $B "${C[@]}" --seqlen "$n" --batch "$b" --block-sparse "$s,128" | grep -E '^flash2' |
       sed "s/^/s=$s /"
   done
+done
+echo "== native window (causal, N=16384, B=2): time against window width, per-block cost = intercept"
+for w in 512 1024 2048 4096 8192 -1; do
+  $B "${C[@]/--no-causal/--causal}" --seqlen 16384 --batch 2 --window "$w,0" | grep -E '^flash2' |
+    sed "s/^/w=$w /"
 done
 echo "== sliding window 1024, causal, N=16384, B=2, H=16, D=128, bf16: FlexAttention vs ours"
 FLASHATTN_LIBRARY=build-gpu/libflashattn.so PYTHONPATH=python python3 tools/bench_flex.py "$@"

@@ -288,8 +288,11 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   });
 
   /* dK (times scale) and dV, each warpgroup its 64 keys, staged (row stride
-   * D + 8) over the Q/dO ring and the dS^T tiles, which nobody reads any more */
-  if (issuer) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+   * D + 8) over the Q/dO ring and the dS^T tiles, which nobody reads any more.
+   * The last dQ reductions only have to have read their staging tile (outside
+   * the dK/dV staging) before the block exits; the kernel's end makes their
+   * writes visible to the dQ conversion. */
+  if (issuer) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
   named_sync(1, NC);
   constexpr int LD = D + 8;
   T *stage = reinterpret_cast<T *>(smem_raw + (sK - smem_addr(smem_raw)) + L::Q0);

@@ -46,8 +46,9 @@ typedef struct fa_kern {
   void (*gemm)(const fa_gemm *g);
 
   /* Online softmax step on a transposed score tile ST (nc keys x ncol query
-   * columns, ld lds; ncol a multiple of FA_VL): per column, m = max(m, max ST),
-   * ST = exp(ST - m), l = alpha l + sum ST with alpha = exp(m_old - m) written
+   * columns, ld lds; ncol a multiple of FA_VL) in base 2: the scores are in
+   * log2 units (already times log2 e), and per column m = max(m, max ST),
+   * ST = 2^(ST - m), l = alpha l + sum ST with alpha = 2^(m_old - m) written
    * to alpha. A column with no finite score so far keeps m = -inf and gets
    * P = 0 (NaN scores stay NaN, so NaN inputs reach O and l). */
   void (*softmax_cols)(float *ST, int64_t lds, int64_t nc, int64_t ncol, float *m, float *l,

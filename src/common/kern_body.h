@@ -46,6 +46,27 @@ static inline vf SFX(vexp)(vf x) {
   return vf_mul(p, vf_from_bits(vi_add_shl23(vf_bits(t), 127u - 0x4b400000u)));
 }
 
+/* 2^x for x <= 0 (or NaN), the online softmax's exponential in base 2: with
+ * the scores already in log2 units, x = n + r with n = round(x) and r = x - n
+ * exact, so the range reduction costs two additions and no multiply. 2^r on
+ * [-1/2, 1/2] is vexp's polynomial with x = r ln2 substituted (coefficient k
+ * times ln2^k: the same minimax error); below 2^-126.5 results flush to 0,
+ * -inf gives 0. */
+static inline vf SFX(vexp2)(vf x) {
+  const vf magic = vf_set1(12582912.0f);
+  x = vf_max(vf_set1(-127.0f), x);
+  const vf t = vf_add(x, magic);
+  const vf r = vf_sub(x, vf_sub(t, magic));
+  vf p = vf_set1(1.534581199919384e-4f);
+  p = vf_fma(p, r, vf_set1(1.3399931219172016e-3f));
+  p = vf_fma(p, r, vf_set1(9.618488957123618e-3f));
+  p = vf_fma(p, r, vf_set1(5.550328776965466e-2f));
+  p = vf_fma(p, r, vf_set1(2.402264689063413e-1f));
+  p = vf_fma(p, r, vf_set1(6.931472057372673e-1f));
+  p = vf_fma(p, r, vf_set1(1.0f));
+  return vf_mul(p, vf_from_bits(vi_add_shl23(vf_bits(t), 127u - 0x4b400000u)));
+}
+
 /* ---- matrix product ------------------------------------------------------ */
 
 /* Register tile: MR rows x NR vectors of C, the k loop keeps them in
@@ -129,9 +150,10 @@ static void SFX(gemm)(const fa_gemm *g) {
     const float *bp = g->b + j0 / g->bw * g->bps;
     for (int64_t i0 = 0, mr; i0 < g->m; i0 += mr) {
       mr = (int)(g->m - i0 < MR ? g->m - i0 : MR);
-      /* 8 rows left: 4 + 4, not 6 + 2 (a 2-row tile has too few accumulators
-       * to cover the FMA latency); rows are independent, so same bits */
-      if (MR == 6 && g->m - i0 == 8) mr = 4;
+      /* 8 rows left: 4 + 4, not 6 + 2, and 10 rows: 5 + 5, not 6 + 4 (a
+       * 2- or 4-row tile has too few accumulators to cover the FMA latency);
+       * rows are independent, so same bits */
+      if (MR == 6 && (g->m - i0 == 8 || g->m - i0 == 10)) mr = (int)(g->m - i0) / 2;
       const float *ap = g->a + i0 * g->rsa;
       float *cp = g->c + i0 * g->ldc + j0;
       const float *rs = g->rowscale ? g->rowscale + i0 : NULL;
@@ -185,8 +207,8 @@ static void SFX(softmax_cols)(float *ST, int64_t lds, int64_t nc, int64_t ncol, 
     vf sum = zero, sum2 = zero;
     for (j = 0; j + 2 <= nc; j += 2) {
       float *s0 = ST + j * lds + i, *s1 = s0 + lds;
-      const vf p0 = SFX(vexp)(vf_sub(vf_load(s0), mref));
-      const vf p1 = SFX(vexp)(vf_sub(vf_load(s1), mref));
+      const vf p0 = SFX(vexp2)(vf_sub(vf_load(s0), mref));
+      const vf p1 = SFX(vexp2)(vf_sub(vf_load(s1), mref));
       vf_store(s0, p0);
       vf_store(s1, p1);
       sum = vf_add(sum, p0);
@@ -194,11 +216,11 @@ static void SFX(softmax_cols)(float *ST, int64_t lds, int64_t nc, int64_t ncol, 
     }
     if (j < nc) {
       float *s0 = ST + j * lds + i;
-      const vf p0 = SFX(vexp)(vf_sub(vf_load(s0), mref));
+      const vf p0 = SFX(vexp2)(vf_sub(vf_load(s0), mref));
       vf_store(s0, p0);
       sum = vf_add(sum, p0);
     }
-    const vf al = SFX(vexp)(vf_sub(mo, mref));
+    const vf al = SFX(vexp2)(vf_sub(mo, mref));
     vf_store(alpha + i, al);
     vf_store(l + i, vf_fma(al, vf_load(l + i), vf_add(sum, sum2)));
     vf_store(m + i, mx);

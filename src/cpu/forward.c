@@ -18,7 +18,11 @@
  * broadcast operand as they come (no per-tile transpose), Q^T is packed in
  * 16-wide panels, and the online softmax runs down the columns, 8 query rows
  * per vector, without horizontal reductions. O += P V then reads P^T with
- * swapped strides.
+ * swapped strides. Scores are kept in log2 units (the product's scale, the
+ * softcap and the ALiBi slope times log2 e; softcap commutes with the factor:
+ * k cap tanh(s / cap) = (k cap) tanh(k s / (k cap))), so the exponential
+ * needs no multiply in its range reduction; m is in log2 units too and lse =
+ * m ln 2 + log l.
  *
  * Workspace (floats, each buffer rounded up to 64 bytes; Dp = D rounded up to
  * 8, Brp = Br rounded up to 16), per thread:
@@ -31,6 +35,9 @@
 #include <omp.h>
 
 #include "cpu/cpu.h"
+
+#define FWD_L2E 1.44269504088896341f /* scores in log2 units (see the top) */
+#define FWD_LN2 0.693147180559945309f
 
 /* Forward tiles: Q^T, O (Br x D); K, V (Bc x D); S^T (Br x Bc). */
 static void fwd_ctx(cpu_ctx *c, const fa_problem *pb) { cpu_ctx_init(c, pb, 2, 2, 1); }
@@ -128,10 +135,11 @@ static int fwd_scores(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, const fl
                       int64_t nr, int64_t c0, int64_t nc) {
   const int64_t brp = c->brp, ncol = fa_round_up(nr, FA_VL);
   const fa_gemm g = {nc, ncol,  c->D, b->K,     c->Dp, 1,    QT,   16,  16 * c->D,
-                     16, b->ST, brp,  c->scale, 0,     NULL, NULL, NULL};
+                     16, b->ST, brp,  c->scale * FWD_L2E, 0,     NULL, NULL, NULL};
   c->kn->gemm(&g);
-  if (c->cap > 0.0f) tile_softcap(b->ST, brp, nc, ncol, c->cap, NULL);
-  if (u->slope != 0.0f) tile_alibi_t(b->ST, brp, nc, ncol, u->slope, r0 + u->sq.nk - u->sq.nq, c0);
+  if (c->cap > 0.0f) tile_softcap(b->ST, brp, nc, ncol, c->cap * FWD_L2E, NULL);
+  if (u->slope != 0.0f)
+    tile_alibi_t(b->ST, brp, nc, ncol, u->slope * FWD_L2E, r0 + u->sq.nk - u->sq.nq, c0);
   if (cpu_block_tile(c, u, r0, nr, c0, nc) == CPU_BLOCKS_SOME)
     cpu_block_fill(c, u, b->ST, 1, brp, r0, nr, c0, nc);
   if (!cpu_tile_partial(&u->mk, r0, nr, c0, nc)) return 0;
@@ -178,7 +186,8 @@ static void fwd_finish(const cpu_ctx *c, const cpu_unit *u, int64_t r0, int64_t 
     void *dst = cpu_row(c, &pb->o, u->sq.qb, u->sq.q0 + r0 + r, u->h);
     /* a row with l = 0 saw no key: O = 0, lse = -inf; NaN l propagates */
     c->kn->store_row(dst, O + r * c->Dp, l[r] == 0.0f ? 0.0f : 1.0f / l[r], pb->dtype, c->D);
-    if (pb->lse) pb->lse[cpu_lse_index(u, r0 + r)] = l[r] == 0.0f ? -INFINITY : m[r] + logf(l[r]);
+    if (pb->lse)
+      pb->lse[cpu_lse_index(u, r0 + r)] = l[r] == 0.0f ? -INFINITY : m[r] * FWD_LN2 + logf(l[r]);
   }
 }
 

@@ -25,6 +25,10 @@
 #include "sm90.h"
 #include "wgmma.cuh"
 
+#ifdef FA_SM90_TRACE
+#include <cstdio>
+#endif
+
 namespace fa {
 namespace sm90 {
 
@@ -62,6 +66,23 @@ struct BwdSmem {
   static constexpr size_t BYTES = BARS + 8 * (1 + 2 * S::ST) + 1024;
 };
 
+#ifdef FA_SM90_TRACE
+/* Timing probe (a build with -DFA_SM90_TRACE only): per block, the global
+ * timer at entry, after K/V arrived, after the last step and at the end, the
+ * SM and the steps visited; fa_sm90_trace_dump() writes them as CSV. */
+constexpr int kTraceBlocks = 1 << 16;
+__device__ unsigned long long g_trace[kTraceBlocks][6];
+__device__ __forceinline__ void trace_at(int slot) {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  const unsigned blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (blk < kTraceBlocks) g_trace[blk][slot] = t;
+}
+#define FA_TRACE(slot) trace_at(slot)
+#else
+#define FA_TRACE(slot) ((void)0)
+#endif
+
 template <typename T, int D>
 __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     bwd_kv_kernel(const __grid_constant__ BwdParams P) {
@@ -76,6 +97,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   auto q_full = [&](int st) { return kv_full + 8 * (1 + st); };
   auto q_empty = [&](int st) { return kv_full + 8 * (1 + ST + st); };
 
+  if (threadIdx.x == 0) FA_TRACE(0);
   const int b = blockIdx.z, hk = blockIdx.y;
   const SeqView sv = seq_view(p, b);
   const int nq = sv.nq, nk = sv.nk;
@@ -148,9 +170,14 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
   mbar_wait(kv_full, 0);
+  if (ctid == 0) FA_TRACE(1);
 
-  auto step = [&](const int s, const int i, auto masked) {
-    constexpr bool MASK = decltype(masked)::value;
+  /* One body for masked and unmasked steps; a masked step first sets the
+   * scores its rows cannot see to -inf, from each key's visible row range
+   * (two per thread), not a window test per element: that per-element test
+   * made masked steps cost ~1.9x an unmasked one (timed per block with
+   * -DFA_SM90_TRACE; H100, D = 128). */
+  auto step = [&](const int s, const int i, const bool masked) {
     const int st = i % ST;
     const int h = hk * p.group + s / nm, r = (m_begin + s % nm) * BR;
     const uint32_t q_st = sK + L::Q0 + st * L::QBYTES, do_st = sK + L::DO0 + st * L::QBYTES;
@@ -166,6 +193,24 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     wg_wait<0>();
     reg_fence(sa);
     reg_fence(dp);
+    if (masked) { /* invisible scores -> -inf, so P = 0 (and dS = 0) there */
+      int qlo[2], qhi[2]; /* rows that see this thread's two keys */
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int kc = c0 + kw + g + 8 * hr;
+        int64_t a, z;
+        fa_mask_col_range(&mk, kc, &a, &z);
+        qlo[hr] = (int)a;
+        qhi[hr] = kc < nk ? (int)z : 0;
+      }
+#pragma unroll
+      for (int j = 0; j < BR / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qi = r + j * 8 + 2 * t + (e & 1);
+          if (qi < qlo[e >> 1] || qi >= qhi[e >> 1]) sa[j][e] = -INFINITY;
+        }
+    }
 
     /* P^T and dS^T, rounded to A fragments 16 queries at a time (measured:
      * +8% at D = 128 over computing all of them first). Element (j, e): key
@@ -188,13 +233,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
 #pragma unroll
           for (int hr = 0; hr < 2; ++hr) {
             const int e = 2 * hr + c;
-            float pe = exp2f(sa[j][e] * p.scale_log2 - l2r);
-            if constexpr (MASK) {
-              const int kc = c0 + kw + g + 8 * hr;
-              const int rel = qi + nk - nq - kc; /* diag - key */
-              const bool vis = kc < nk && fa_mask_in_window(&mk, rel);
-              if (!vis) pe = 0.f;
-            }
+            const float pe = exp2f(sa[j][e] * p.scale_log2 - l2r);
             sa[j][e] = pe;
             dp[j][e] = pe * (dp[j][e] - di);
           }
@@ -281,11 +320,17 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   for_each_live(steps, skip, [&](int s) {
     mbar_wait(q_full(i % ST), (i / ST) & 1);
     const int r = (m_begin + s % nm) * BR;
-    if (qt.masked(r, BR, nq))
-      step(s, i++, std::true_type());
-    else
-      step(s, i++, std::false_type());
+    step(s, i++, qt.masked(r, BR, nq));
   });
+  if (ctid == 0) FA_TRACE(2);
+#ifdef FA_SM90_TRACE
+  if (ctid == 0) {
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    const unsigned blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    if (blk < kTraceBlocks) g_trace[blk][4] = smid, g_trace[blk][5] = (unsigned long long)i;
+  }
+#endif
 
   /* dK (times scale) and dV, each warpgroup its 64 keys, staged (row stride
    * D + 8) over the Q/dO ring and the dS^T tiles, which nobody reads any more.
@@ -316,6 +361,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     store_tile<T, 64, D, 128>((T *)p.dv + row_off(sv, true, p.dv_sb, p.dv_ss, p.dv_sh, k_lo, hk),
                               p.dv_ss, sdv, valid, p.d, ctid & 127);
   }
+  if (ctid == 0) FA_TRACE(3);
 #endif
 }
 
@@ -349,6 +395,25 @@ fa_status bwd_launch(const BwdArgs &a, cudaStream_t stream) {
 }
 
 }  // namespace sm90
+
+#ifdef FA_SM90_TRACE
+/* CSV of the last traced launch: block, entry, K/V ready, loop done, end (ns), SM, steps. */
+extern "C" __attribute__((visibility("default"))) int fa_sm90_trace_dump(const char *path) {
+  static unsigned long long h[sm90::kTraceBlocks][6];
+  if (cudaDeviceSynchronize() != cudaSuccess ||
+      cudaMemcpyFromSymbol(h, sm90::g_trace, sizeof h) != cudaSuccess)
+    return -1;
+  FILE *f = fopen(path, "w");
+  if (!f) return -1;
+  fprintf(f, "block,t0,t1,t2,t3,sm,steps\n");
+  for (int i = 0; i < sm90::kTraceBlocks; ++i)
+    if (h[i][0])
+      fprintf(f, "%d,%llu,%llu,%llu,%llu,%llu,%llu\n", i, h[i][0], h[i][1], h[i][2], h[i][3], h[i][4],
+              h[i][5]);
+  fclose(f);
+  return 0;
+}
+#endif
 
 bool sm90_backward_covers(const BwdArgs &a) { return a.dq_acc != NULL && sm90_forward_covers(a); }
 

@@ -53,26 +53,18 @@ struct FwdSmem {
 };
 
 /* Online softmax over one S tile held as accumulators s (rows g and g + 8 of
- * the warp's 16): folds the tile into m and l, rescales o, leaves P in s. */
-template <bool MASK, int BC, int D>
+ * the warp's 16; masked scores already -inf): folds the tile into m and l,
+ * rescales o, leaves P in s. */
+template <int BC, int D>
 __device__ __forceinline__ void softmax_tile(float (&s)[BC / 8][4], float (&o)[D / 8][4],
-                                             float (&m)[2], float (&l)[2], float mul, int c0,
-                                             const int (&lo)[2], const int (&hi)[2], int t) {
+                                             float (&m)[2], float (&l)[2], float mul) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx = -INFINITY;
 #pragma unroll
     for (int j = 0; j < BC / 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float x = s[j][2 * r + e];
-        if constexpr (MASK) {
-          const int col = c0 + j * 8 + 2 * t + e;
-          if (col < lo[r] || col >= hi[r]) x = -INFINITY;
-          s[j][2 * r + e] = x;
-        }
-        mx = fmaxf(mx, x);
-      }
+      for (int e = 0; e < 2; ++e) mx = fmaxf(mx, s[j][2 * r + e]);
     float base;
     const float alpha = online_rescale(m[r], mx, mul, &base);
     float sum = 0.f;
@@ -182,8 +174,9 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
   const uint32_t q_base = sQ + wg * 64 * 128; /* this warpgroup's 64 rows of Q */
   mbar_wait(q_full, 0);
 
-  auto step = [&](const int n, const int i, auto masked) {
-    constexpr bool MASK = decltype(masked)::value;
+  /* One body for masked and unmasked tiles; a masked tile first sets the
+   * scores outside each row's visible keys to -inf */
+  auto step = [&](const int n, const int i, const bool masked) {
     const int st = i % ST, ph = (i / ST) & 1;
     const int c0 = n * BC;
     float s[BC / 8][4];
@@ -197,19 +190,20 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
     reg_fence(s);
     if (lane == 0) mbar_arrive(k_empty(st));
 
-    int lo[2] = {0, 0}, hi[2] = {nk, nk};
-    if constexpr (MASK) {
+    if (masked) /* scores outside each row's visible keys -> -inf */
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        int64_t a, z;
-        const fa_mask mr =
-            fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
-        fa_mask_row_range(&mr, r0 + wrow + g + 8 * r, &a, &z);
-        lo[r] = (int)a;
-        hi[r] = (int)z;
+        int64_t lo, hi;
+        fa_mask_row_range(&mk, r0 + wrow + g + 8 * r, &lo, &hi);
+#pragma unroll
+        for (int j = 0; j < BC / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = c0 + j * 8 + 2 * t + e;
+            if (col < lo || col >= hi) s[j][2 * r + e] = -INFINITY;
+          }
       }
-    }
-    softmax_tile<MASK, BC, D>(s, o, m_run, l_run, mul, c0, lo, hi, t);
+    softmax_tile<BC, D>(s, o, m_run, l_run, mul);
 
     uint32_t pa[BC / 16][4];
 #pragma unroll
@@ -230,10 +224,7 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
   for_each_live(n_end - n_begin, tile_skip, [&](int k) {
     const int n = n_end - 1 - k;
     mbar_wait(k_full(i % ST), (i / ST) & 1);
-    if (kt.masked(n * BC, BC, nk))
-      step(n, i++, std::true_type());
-    else
-      step(n, i++, std::false_type());
+    step(n, i++, kt.masked(n * BC, BC, nk));
   });
 
   /* Normalise, write lse, stage O (row stride D + 8) through shared memory */

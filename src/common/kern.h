@@ -75,7 +75,8 @@ typedef struct fa_kern {
                       int64_t nr, int64_t d);
 
   /* Transposed: dst[(r / bw)*dps + c*bw + r % bw] = row r, column c < d, for
-   * r < round_up(nr, bw) (rows >= nr zero): the B operand of S = Q K^T. */
+   * r < round_up(nr, bw) (rows >= nr zero): the B operand of S = Q K^T; bw a
+   * multiple of FA_VL. */
   void (*load_panels_t)(float *dst, int bw, int64_t dps, const void *src, int64_t stride,
                         fa_dtype dt, int64_t nr, int64_t d);
 

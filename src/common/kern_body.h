@@ -7,6 +7,7 @@
  *   vf_load_f16(const uint16_t *), vf_store_f16(uint16_t *, vf),
  *   vf_sum8(const vf v[8]): lane i = ((v_i0 + v_i1) + (v_i2 + v_i3)) +
  *   ((v_i4 + v_i5) + (v_i6 + v_i7)), the order of AVX's hadd tree;
+ *   vf_transpose8(vf v[8]): in place, lane j of v[i] <-> lane i of v[j];
  *   for dropout: vi_set1, vi_iota(x) = x + lane, vi_xor, vi_mullo(a, m) and
  *   vi_mulhi(a, m) (the halves of the 64-bit a * m), vf_sel_ge_u(x, t, a) =
  *   x >= t (unsigned) ? a : 0.
@@ -408,13 +409,26 @@ static void SFX(load_panels)(float *dst, int bw, int64_t dps, const void *src, i
 
 static void SFX(load_panels_t)(float *dst, int bw, int64_t dps, const void *src, int64_t stride,
                                fa_dtype dt, int64_t nr, int64_t d) {
-  float row[FA_MAX_HEADDIM + FA_VL];
-  const int64_t nrp = fa_round_up(nr, bw);
-  for (int64_t r = 0; r < nrp; r++) {
-    float *o = dst + r / bw * dps + r % bw;
-    if (r < nr)
-      SFX(load_row)(row, FA_MAX_HEADDIM + FA_VL, 0, (const char *)src + r * stride, dt, d);
-    for (int64_t c = 0; c < d; c++) o[c * bw] = r < nr ? row[c] : 0.0f;
+  /* 8 rows at a time: converted into a row block, then 8 x 8 transposes put
+   * each column's 8 rows into one vector store (bw is a multiple of 8) */
+  float rows[FA_VL][FA_MAX_HEADDIM + FA_VL];
+  const int64_t nrp = fa_round_up(nr, bw), dv = fa_round_up(d, FA_VL);
+  for (int64_t r0 = 0; r0 < nrp; r0 += FA_VL) {
+    for (int q = 0; q < FA_VL; q++) {
+      if (r0 + q < nr)
+        SFX(load_row)
+        (rows[q], FA_MAX_HEADDIM + FA_VL, 0, (const char *)src + (r0 + q) * stride, dt, d);
+      else
+        memset(rows[q], 0, sizeof rows[q]);
+      for (int64_t c = d; c < dv; c++) rows[q][c] = 0.0f;
+    }
+    float *o = dst + r0 / bw * dps + r0 % bw;
+    for (int64_t c0 = 0; c0 < dv; c0 += FA_VL) {
+      vf v[FA_VL];
+      for (int q = 0; q < FA_VL; q++) v[q] = vf_load(rows[q] + c0);
+      vf_transpose8(v);
+      for (int q = 0; q < FA_VL && c0 + q < d; q++) vf_store(o + (c0 + q) * bw, v[q]);
+    }
   }
 }
 

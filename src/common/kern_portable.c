@@ -64,6 +64,13 @@ static inline vf vf_sum8(const vf *v) {
   return r;
 }
 
+static inline void vf_transpose8(vf *v) { /* v[i] lane j <-> v[j] lane i */
+  vf t[8];
+  for (int i = 0; i < 8; i++)
+    for (int j = 0; j < 8; j++) t[j][i] = v[i][j];
+  for (int i = 0; i < 8; i++) v[i] = t[i];
+}
+
 #define SFX(name) name##_portable
 #define KB_ISA "portable"
 #include "common/kern_body.h"

@@ -136,8 +136,9 @@ static void fwd_load_q(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t
 static int fwd_scores(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, const float *QT, int64_t r0,
                       int64_t nr, int64_t c0, int64_t nc) {
   const int64_t brp = c->brp, ncol = fa_round_up(nr, FA_VL);
-  const fa_gemm g = {nc, ncol,  c->D, b->K,     c->Dp, 1,    QT,   16,  16 * c->D,
-                     16, b->ST, brp,  c->scale * FWD_L2E, 0,     NULL, NULL, NULL};
+  const fa_gemm g = {
+      nc, ncol, c->D, b->K, c->Dp, 1, QT, 16, 16 * c->D, 16, b->ST, brp, c->scale * FWD_L2E,
+      0,  NULL, NULL, NULL};
   c->kn->gemm(&g);
   if (c->cap > 0.0f) tile_softcap(b->ST, brp, nc, ncol, c->cap * FWD_L2E, NULL);
   if (u->slope != 0.0f)

@@ -54,7 +54,8 @@ static inline vf SFX(vexp)(vf x) {
  * times ln2^k: the same minimax error); below 2^-126.5 results flush to 0,
  * -inf gives 0. */
 static inline vf SFX(vexp2)(vf x) {
-  const vf magic = vf_set1(12582912.0f);
+  /* 1.5 * 2^23 + 127: t's low mantissa bits hold n + 127, 2^n's exponent field */
+  const vf magic = vf_set1(12583039.0f);
   x = vf_max(vf_set1(-127.0f), x);
   const vf t = vf_add(x, magic);
   const vf r = vf_sub(x, vf_sub(t, magic));
@@ -65,7 +66,7 @@ static inline vf SFX(vexp2)(vf x) {
   p = vf_fma(p, r, vf_set1(2.402264689063413e-1f));
   p = vf_fma(p, r, vf_set1(6.931472057372673e-1f));
   p = vf_fma(p, r, vf_set1(1.0f));
-  return vf_mul(p, vf_from_bits(vi_add_shl23(vf_bits(t), 127u - 0x4b400000u)));
+  return vf_mul(p, vf_from_bits(vi_add_shl23(vf_bits(t), 0))); /* the shift drops the rest */
 }
 
 /* ---- matrix product ------------------------------------------------------ */

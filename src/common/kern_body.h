@@ -414,13 +414,17 @@ static void SFX(load_panels_t)(float *dst, int bw, int64_t dps, const void *src,
    * each column's 8 rows into one vector store (bw is a multiple of 8) */
   float rows[FA_VL][FA_MAX_HEADDIM + FA_VL];
   const int64_t nrp = fa_round_up(nr, bw), dv = fa_round_up(d, FA_VL);
+  const int64_t bytes = d * (int64_t)fa_dtype_size(dt);
   for (int64_t r0 = 0; r0 < nrp; r0 += FA_VL) {
+    /* the next 8 rows, a row stride apart (too far for the hardware
+     * prefetcher), while these convert */
+    for (int64_t q = r0 + FA_VL; q < r0 + 2 * FA_VL && q < nr; q++)
+      for (int64_t o = 0; o < bytes; o += 64)
+        __builtin_prefetch((const char *)src + q * stride + o);
     for (int q = 0; q < FA_VL; q++) {
-      if (r0 + q < nr)
-        SFX(load_row)
-        (rows[q], FA_MAX_HEADDIM + FA_VL, 0, (const char *)src + (r0 + q) * stride, dt, d);
-      else
-        memset(rows[q], 0, sizeof rows[q]);
+      if (r0 + q < nr) SFX(load_row)
+      (rows[q], FA_MAX_HEADDIM + FA_VL, 0, (const char *)src + (r0 + q) * stride, dt, d);
+      else memset(rows[q], 0, sizeof rows[q]);
       for (int64_t c = d; c < dv; c++) rows[q][c] = 0.0f;
     }
     float *o = dst + r0 / bw * dps + r0 % bw;

@@ -20,8 +20,6 @@
 #include "common/convert.h"
 #include "common/kern.h"
 
-#define KB_L2E 1.44269504088896341f
-
 /* e^x: x = n ln2 + r with n = round(x log2 e) and r reduced in two FMA steps
  * (Cody-Waite: n ln2_hi is exact), e^r by a degree-6 minimax polynomial on
  * [-ln2/2, ln2/2] (approximation error 1.9e-9) in Horner form with FMA, and
@@ -32,7 +30,7 @@ static inline vf SFX(vexp)(vf x) {
   const vf magic = vf_set1(12582912.0f); /* 1.5 * 2^23: y + magic rounds y to an integer */
   x = vf_max(vf_set1(-88.0f), x);
   x = vf_min(vf_set1(88.7f), x);
-  const vf t = vf_fma(x, vf_set1(KB_L2E), magic);
+  const vf t = vf_fma(x, vf_set1(FA_LOG2E), magic);
   const vf n = vf_sub(t, magic);
   vf r = vf_fma(n, vf_set1(-0.693359375f), x);
   r = vf_fma(n, vf_set1(2.12194440e-4f), r);
@@ -424,8 +422,7 @@ static void SFX(load_panels_t)(float *dst, int bw, int64_t dps, const void *src,
     for (int q = 0; q < FA_VL; q++) {
       if (r0 + q < nr) SFX(load_row)
       (rows[q], FA_MAX_HEADDIM + FA_VL, 0, (const char *)src + (r0 + q) * stride, dt, d);
-      else memset(rows[q], 0, sizeof rows[q]);
-      for (int64_t c = d; c < dv; c++) rows[q][c] = 0.0f;
+      else memset(rows[q], 0, sizeof rows[q]); /* load_row zero-pads its last vector */
     }
     float *o = dst + r0 / bw * dps + r0 % bw;
     for (int64_t c0 = 0; c0 < dv; c0 += FA_VL) {

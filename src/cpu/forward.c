@@ -36,9 +36,6 @@
 
 #include "cpu/cpu.h"
 
-#define FWD_L2E 1.44269504088896341f /* scores in log2 units (see the top) */
-#define FWD_LN2 0.693147180559945309f
-
 /* Forward tiles: Q^T, O (Br x D); K, V (Bc x D); S^T (Br x Bc). */
 static void fwd_ctx(cpu_ctx *c, const fa_problem *pb) { cpu_ctx_init(c, pb, 2, 2, 1); }
 
@@ -137,12 +134,12 @@ static int fwd_scores(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, const fl
                       int64_t nr, int64_t c0, int64_t nc) {
   const int64_t brp = c->brp, ncol = fa_round_up(nr, FA_VL);
   const fa_gemm g = {
-      nc, ncol, c->D, b->K, c->Dp, 1, QT, 16, 16 * c->D, 16, b->ST, brp, c->scale * FWD_L2E,
+      nc, ncol, c->D, b->K, c->Dp, 1, QT, 16, 16 * c->D, 16, b->ST, brp, c->scale * FA_LOG2E,
       0,  NULL, NULL, NULL};
   c->kn->gemm(&g);
-  if (c->cap > 0.0f) tile_softcap(b->ST, brp, nc, ncol, c->cap * FWD_L2E, NULL);
+  if (c->cap > 0.0f) tile_softcap(b->ST, brp, nc, ncol, c->cap * FA_LOG2E, NULL);
   if (u->slope != 0.0f)
-    tile_alibi_t(b->ST, brp, nc, ncol, u->slope * FWD_L2E, r0 + u->sq.nk - u->sq.nq, c0);
+    tile_alibi_t(b->ST, brp, nc, ncol, u->slope * FA_LOG2E, r0 + u->sq.nk - u->sq.nq, c0);
   if (cpu_block_tile(c, u, r0, nr, c0, nc) == CPU_BLOCKS_SOME)
     cpu_block_fill(c, u, b->ST, 1, brp, r0, nr, c0, nc);
   if (!cpu_tile_partial(&u->mk, r0, nr, c0, nc)) return 0;
@@ -190,7 +187,7 @@ static void fwd_finish(const cpu_ctx *c, const cpu_unit *u, int64_t r0, int64_t 
     /* a row with l = 0 saw no key: O = 0, lse = -inf; NaN l propagates */
     c->kn->store_row(dst, O + r * c->Dp, l[r] == 0.0f ? 0.0f : 1.0f / l[r], pb->dtype, c->D);
     if (pb->lse)
-      pb->lse[cpu_lse_index(u, r0 + r)] = l[r] == 0.0f ? -INFINITY : m[r] * FWD_LN2 + logf(l[r]);
+      pb->lse[cpu_lse_index(u, r0 + r)] = l[r] == 0.0f ? -INFINITY : m[r] * FA_LN2 + logf(l[r]);
   }
 }
 

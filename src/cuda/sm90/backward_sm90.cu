@@ -72,16 +72,25 @@ struct BwdSmem {
  * SM and the steps visited; fa_sm90_trace_dump() writes them as CSV. */
 constexpr int kTraceBlocks = 1 << 16;
 __device__ unsigned long long g_trace[kTraceBlocks][6];
-__device__ __forceinline__ void trace_at(int slot) {
+__device__ __forceinline__ void trace_set(int slot, unsigned long long v) {
+  const unsigned blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (blk < kTraceBlocks) g_trace[blk][slot] = v;
+}
+__device__ __forceinline__ unsigned long long trace_now() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  const unsigned blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  if (blk < kTraceBlocks) g_trace[blk][slot] = t;
+  return t;
 }
-#define FA_TRACE(slot) trace_at(slot)
+__device__ __forceinline__ unsigned trace_smid() {
+  unsigned s;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+  return s;
+}
+#define FA_TRACE_SET(slot, v) trace_set(slot, v)
 #else
-#define FA_TRACE(slot) ((void)0)
+#define FA_TRACE_SET(slot, v) ((void)0)
 #endif
+#define FA_TRACE(slot) FA_TRACE_SET(slot, trace_now())
 
 template <typename T, int D>
 __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
@@ -322,15 +331,11 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     const int r = (m_begin + s % nm) * BR;
     step(s, i++, qt.masked(r, BR, nq));
   });
-  if (ctid == 0) FA_TRACE(2);
-#ifdef FA_SM90_TRACE
   if (ctid == 0) {
-    unsigned smid;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-    const unsigned blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    if (blk < kTraceBlocks) g_trace[blk][4] = smid, g_trace[blk][5] = (unsigned long long)i;
+    FA_TRACE(2);
+    FA_TRACE_SET(4, trace_smid());
+    FA_TRACE_SET(5, (unsigned long long)i);
   }
-#endif
 
   /* dK (times scale) and dV, each warpgroup its 64 keys, staged (row stride
    * D + 8) over the Q/dO ring and the dS^T tiles, which nobody reads any more.

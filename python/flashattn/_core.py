@@ -117,32 +117,38 @@ def make_options(softmax_scale=None, causal=False, window_size=(-1, -1), softcap
 
 def check_qkv(A, q, k, v, varlen):
     """Types, ranks, dtypes, devices and strides of q, k, v. Returns (dtype, device)."""
+    # Called on every forward and backward: each shape is read once, and the checks run
+    # in a fixed order (the first failing one is the error raised).
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not A.is_array(x):
             raise TypeError("%s must be a %s (got %s); q, k and v must be of one kind"
                             % (name, A.array_name, type(x).__name__))
     nd = 3 if varlen else 4
-    layout = "(total_tokens, heads, headdim)" if varlen else "(batch, seqlen, heads, headdim)"
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if len(A.shape(x)) != nd:
+    qs, ks, vs = A.shape(q), A.shape(k), A.shape(v)
+    for name, s in (("q", qs), ("k", ks), ("v", vs)):
+        if len(s) != nd:
+            layout = ("(total_tokens, heads, headdim)" if varlen
+                      else "(batch, seqlen, heads, headdim)")
             raise ValueError("%s must have %d dimensions %s, got shape %s"
-                             % (name, nd, layout, tuple(A.shape(x))))
+                             % (name, nd, layout, tuple(s)))
     dt = A.dtype_code(q, "q")
+    qdt = A.dtype_name(q)
     for name, x in (("k", k), ("v", v)):
-        if A.dtype_name(x) != A.dtype_name(q):
+        xdt = A.dtype_name(x)
+        if xdt != qdt:
             raise TypeError("q, k and v must have the same dtype (q is %s, %s is %s)"
-                            % (A.dtype_name(q), name, A.dtype_name(x)))
+                            % (qdt, name, xdt))
     dev = A.device(q)
     for name, x in (("k", k), ("v", v)):
         if A.device(x) != dev:
             raise ValueError("q, k and v must be on the same device (q is on %s, %s is on %s)"
                              % (A.device_name(q), name, A.device_name(x)))
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        check_strides(A, x, name)
-    if tuple(A.shape(k)) != tuple(A.shape(v)):
+    _check_strides(A.strides(q), qs, "q")
+    _check_strides(A.strides(k), ks, "k")
+    _check_strides(A.strides(v), vs, "v")
+    if tuple(ks) != tuple(vs):
         raise ValueError("k and v must have the same shape (k %s, v %s)"
-                         % (tuple(A.shape(k)), tuple(A.shape(v))))
-    qs, ks = A.shape(q), A.shape(k)
+                         % (tuple(ks), tuple(vs)))
     if qs[-1] != ks[-1]:
         raise ValueError("q and k must have the same head dimension (q %d, k %d)"
                          % (qs[-1], ks[-1]))
@@ -155,30 +161,33 @@ def check_qkv(A, q, k, v, varlen):
 
 
 def check_strides(A, x, name):
-    st = A.strides(x)
-    shape = A.shape(x)
+    _check_strides(A.strides(x), A.shape(x), name)
+
+
+def _check_strides(st, shape, name):
     if shape[-1] > 1 and st[-1] != 1:
         raise ValueError("%s: the last dimension (headdim) must be contiguous (stride 1), "
                          "got strides %s; call .contiguous() first" % (name, tuple(st)))
-    if any(s < 0 for s in st):
-        raise ValueError("%s: negative strides are not supported (strides %s); make a "
-                         "contiguous copy first" % (name, tuple(st)))
+    for s in st:
+        if s < 0:
+            raise ValueError("%s: negative strides are not supported (strides %s); make a "
+                             "contiguous copy first" % (name, tuple(st)))
 
 
 def check_like(A, x, name, ref, ref_name):
     """x must be an array like ref: same kind, shape, dtype, device, unit last stride."""
     if not A.is_array(x):
         raise TypeError("%s must be a %s (got %s)" % (name, A.array_name, type(x).__name__))
-    if tuple(A.shape(x)) != tuple(A.shape(ref)):
-        raise ValueError("%s must have the shape of %s %s, got %s"
-                         % (name, ref_name, tuple(A.shape(ref)), tuple(A.shape(x))))
-    if A.dtype_name(x) != A.dtype_name(ref):
-        raise TypeError("%s must have the dtype of %s (%s), got %s"
-                        % (name, ref_name, A.dtype_name(ref), A.dtype_name(x)))
+    xs, rs = tuple(A.shape(x)), tuple(A.shape(ref))
+    if xs != rs:
+        raise ValueError("%s must have the shape of %s %s, got %s" % (name, ref_name, rs, xs))
+    xdt, rdt = A.dtype_name(x), A.dtype_name(ref)
+    if xdt != rdt:
+        raise TypeError("%s must have the dtype of %s (%s), got %s" % (name, ref_name, rdt, xdt))
     if A.device(x) != A.device(ref):
         raise ValueError("%s must be on the device of %s (%s), got %s"
                          % (name, ref_name, A.device_name(ref), A.device_name(x)))
-    check_strides(A, x, name)
+    _check_strides(A.strides(x), xs, name)
 
 
 def _aux(A, x, name, dev, kind):

@@ -4,6 +4,7 @@ autograd and fake (meta) kernels, so torch.compile keeps each call one graph nod
 Outputs and the workspace are allocated with torch (the caching allocator on CUDA);
 CUDA calls run on the tensor's current stream.
 """
+import contextlib
 from typing import Optional, Tuple
 
 import torch
@@ -14,6 +15,7 @@ from ._lib import Device, DType
 _DTYPES = {torch.float32: DType.F32, torch.float16: DType.F16, torch.bfloat16: DType.BF16,
            torch.float64: DType.F64}
 _AUX = {"int32": torch.int32, "float32": torch.float32, "uint8": torch.uint8}
+_CPU = (Device.CPU, 0)
 
 
 class TorchAdapter:
@@ -48,7 +50,7 @@ class TorchAdapter:
     def device(x):
         d = x.device
         if d.type == "cpu":
-            return (Device.CPU, 0)
+            return _CPU
         if d.type == "cuda":
             return (Device.CUDA, d.index if d.index is not None else torch.cuda.current_device())
         if d.type == "meta":  # shapes only (the fake kernels); never reaches the library
@@ -113,11 +115,13 @@ def _opts(softmax_scale, causal, window_enabled, window_left, window_right, soft
                          block_size_k=block_size_k, num_threads=num_threads)
 
 
+_NO_GUARD = contextlib.nullcontext()  # reusable: entering it does nothing
+
+
 def _device_guard(q):
     if q.device.type == "cuda":
         return torch.cuda.device(q.device)
-    import contextlib
-    return contextlib.nullcontext()
+    return _NO_GUARD
 
 
 # ---- the ops --------------------------------------------------------------------

@@ -803,6 +803,21 @@ static void full_suite(void) {
                99);
       c.causal = 1;
       run_case(&c);
+      /* more blocks than SMs: the Hopper forward's persistent CTAs run several
+       * rounds (varlen: blocks past a sequence's end skipped) */
+      c = base(nm("%s D=%d %s", "persistent rounds GQA 40:8 B=3 nq=nk=300", 64, dt), dt, 64, 3, 40,
+               300, 300);
+      c.Hk = 8;
+      run_case(&c);
+      c = base(nm("%s D=%d %s", "persistent rounds varlen window H=36", 128, dt), dt, 128, 1, 36, 0,
+               0);
+      c.nseq = 4, c.window = 1, c.wl = 100, c.wr = 7;
+      {
+        const int pq[4] = {300, 5, 0, 129}, pk[4] = {280, 17, 9, 129};
+        memcpy(c.lq, pq, sizeof pq);
+        memcpy(c.lk, pk, sizeof pk);
+      }
+      run_case(&c);
     }
   }
 }
@@ -843,6 +858,8 @@ static void small_suite(void) {
   run_case(&c);
   c = base("small block mask 128x128 causal GQA 2:1 D=64 bf16", FA_DTYPE_BF16, 64, 1, 2, 300, 300);
   c.Hk = 1, c.causal = 1, c.bq = 128, c.bk = 128, c.bdens = 60;
+  run_case(&c);
+  c = base("small persistent rounds H=140 D=64 bf16", FA_DTYPE_BF16, 64, 1, 140, 64, 64);
   run_case(&c);
   check_dropout_bits(FA_DTYPE_F16, 1, 2, 1, 200, 1);
 }

@@ -44,6 +44,7 @@ struct BwdShape {
   static constexpr bool SHARED_DQ = BR == 64 * NWG;
   static constexpr int DS_BUFS = SHARED_DQ ? 2 : 1;
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
+  static_assert(regs_split_fits(NWG + 1, PRODUCER_REGS, CONSUMER_REGS), "registers fit");
   static_assert(BR <= kRowSpare, "lse2/Di loads of a tile stay in the workspace");
 };
 

@@ -2,7 +2,8 @@
  * tensor copy engine (TMA), with warp specialisation.
  *
  * The algorithm is forward_kernel.cuh's; the machinery is Hopper's. A thread
- * block computes BR = 64 * NWG query rows of one (sequence, head) with NWG + 1
+ * block (one per SM, persistent: schedule.cuh) computes block after block of
+ * BR = 64 * NWG query rows of one (sequence, head) with NWG + 1
  * warpgroups: warpgroup 0 is the producer (one thread issues TMA copies of Q
  * and of each K and V tile into ST-deep rings), warpgroups 1..NWG consume,
  * each owning 64 query rows. Tiles are stored in the 128-byte swizzled layout
@@ -25,6 +26,7 @@
 #include <string.h>
 
 #include "../forward_kernel.cuh"
+#include "schedule.cuh"
 #include "sm90.h"
 #include "wgmma.cuh"
 
@@ -34,22 +36,28 @@ namespace sm90 {
 template <int D>
 struct FwdShape {
   static constexpr int NWG = 2, BR = 64 * NWG, BC = 128, ST = 2;
-  static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
+  /* the producer walks the schedule too: 24 registers spill */
+  static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+  static_assert(regs_split_fits(NWG + 1, PRODUCER_REGS, CONSUMER_REGS), "registers fit");
 };
 
 struct FwdParams {
   FwdArgs a;
   CUtensorMap tq, tk, tv; /* (d, seqlen, heads, batch) boxes of 64 columns */
+  Schedule sched;         /* query blocks per (sequence, head), in launch order */
 };
 
 template <int D>
 struct FwdSmem {
   using S = FwdShape<D>;
   static constexpr uint32_t QBYTES = S::BR * D * 2, TBYTES = S::BC * D * 2;
-  static constexpr uint32_t K0 = QBYTES, V0 = K0 + S::ST * TBYTES, BARS = V0 + S::ST * TBYTES;
-  /* barriers: q_full, k_full[ST], v_full[ST], k_empty[ST], v_empty[ST]; plus
-   * 1 KB to align the base to 1024 bytes */
-  static constexpr size_t BYTES = BARS + 8 * (1 + 4 * S::ST) + 1024;
+  static constexpr uint32_t K0 = QBYTES, V0 = K0 + S::ST * TBYTES, O0 = V0 + S::ST * TBYTES;
+  /* O is staged (row stride D + 8) apart from Q, so the next block's Q loads
+   * during this block's epilogue */
+  static constexpr uint32_t BARS = O0 + S::BR * (D + 8) * 2;
+  /* barriers: q_full, q_empty, k_full[ST], v_full[ST], k_empty[ST],
+   * v_empty[ST]; plus 1 KB to align the base to 1024 bytes */
+  static constexpr size_t BYTES = BARS + 8 * (2 + 4 * S::ST) + 1024;
 };
 
 /* Online softmax over one S tile held as accumulators s (rows g and g + 8 of
@@ -95,65 +103,87 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
   const FwdArgs &p = P.a;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t sQ = (smem_addr(smem_raw) + 1023) & ~1023u;
-  const uint32_t q_full = sQ + L::BARS;
-  auto k_full = [&](int st) { return q_full + 8 * (1 + st); };
-  auto v_full = [&](int st) { return q_full + 8 * (1 + ST + st); };
-  auto k_empty = [&](int st) { return q_full + 8 * (1 + 2 * ST + st); };
-  auto v_empty = [&](int st) { return q_full + 8 * (1 + 3 * ST + st); };
-
-  const int b = blockIdx.z, h = blockIdx.y;
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const SeqView sv = seq_view(p, b);
-  const int nq = sv.nq, nk = sv.nk;
-  const int r0 = m_block * BR;
-  if (r0 >= nq) return;
-  const int rows = min(BR, nq - r0);
-
-  const fa_mask mk =
-      fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
-  const KeyTiles kt = key_tiles<BC>(mk, r0, rows);
-  const int n_begin = kt.n_begin, n_end = kt.n_end;
-  /* Key tiles a block mask (blocks a multiple of the tile, sm90_forward_covers)
-   * skips; producer and consumers each walk the same tiles */
-  auto tile_skip = [&](int k) { /* key tile n_end - 1 - k: the walk runs backwards */
-    return p.bmask && !__ldg(bmask_head(p, b, h) + (int64_t)(r0 / p.bm_q) * p.bm_sr +
-                             (n_end - 1 - k) * BC / p.bm_k);
-  };
+  const uint32_t q_full = sQ + L::BARS, q_empty = q_full + 8;
+  auto k_full = [&](int st) { return q_full + 8 * (2 + st); };
+  auto v_full = [&](int st) { return q_full + 8 * (2 + ST + st); };
+  auto k_empty = [&](int st) { return q_full + 8 * (2 + 2 * ST + st); };
+  auto v_empty = [&](int st) { return q_full + 8 * (2 + 3 * ST + st); };
 
   const int tid = threadIdx.x;
   if (tid == 0) {
     mbar_init(q_full, 1);
+    mbar_init(q_empty, NC / 32); /* one arrival per consumer warp */
     for (int st = 0; st < ST; ++st) {
       mbar_init(k_full(st), 1);
       mbar_init(v_full(st), 1);
-      mbar_init(k_empty(st), NC / 32); /* one arrival per consumer warp */
+      mbar_init(k_empty(st), NC / 32);
       mbar_init(v_empty(st), NC / 32);
     }
     mbar_init_fence();
   }
   __syncthreads();
 
+  /* Both roles walk the same blocks (schedule.cuh) and, in each, the same
+   * live key tiles, so the K/V ring's position i and the block count j run
+   * in step; a block's tiles run from the last to the first, so a causal
+   * block's masked tiles come first. */
+  struct Block {
+    int b, h, r0, rows, n_begin, n_end;
+    SeqView sv;
+    fa_mask mk;
+    KeyTiles kt;
+  };
+  auto block = [&](int r, Block &k) {
+    for (;; ++r) { /* skips query blocks past a varlen sequence's end */
+      int x;
+      if (!P.sched.block(r, x, k.h, k.b)) return -1;
+      k.sv = seq_view(p, k.b);
+      k.r0 = (P.sched.nblk - 1 - x) * BR;
+      if (k.r0 < k.sv.nq) break;
+    }
+    k.rows = min(BR, k.sv.nq - k.r0);
+    k.mk =
+        fa_mask_make(k.sv.nq, k.sv.nk, p.causal, p.window_enabled, p.window_left, p.window_right);
+    k.kt = key_tiles<BC>(k.mk, k.r0, k.rows);
+    k.n_begin = k.kt.n_begin;
+    k.n_end = k.kt.n_end;
+    return r;
+  };
+  /* Key tiles a block mask (blocks a multiple of the tile, sm90_forward_covers)
+   * skips: tile n_end - 1 - k, as the walk runs backwards */
+  auto tile_skip = [&](const Block &k) {
+    return [&](int i) {
+      return p.bmask && !__ldg(bmask_head(p, k.b, k.h) + (int64_t)(k.r0 / p.bm_q) * p.bm_sr +
+                               (k.n_end - 1 - i) * BC / p.bm_k);
+    };
+  };
+
   if (tid < 128) { /* ---- producer warpgroup ---- */
     regs_dealloc<S::PRODUCER_REGS>();
     if (tid < 32) { /* one warp walks the tiles, its lane 0 issues the copies */
-      const int hk = h / p.group, qrow = (int)(sv.q0 + r0), krow = (int)sv.k0;
-      const int qb = (int)sv.qb, kb = (int)sv.kb;
-      if (tid == 0) {
-        mbar_expect_tx(q_full, L::QBYTES);
-        tma_load_tile<BR, D>(sQ, &P.tq, q_full, qrow, h, qb);
+      Block k;
+      int i = 0, j = 0;
+      for (int r = block(0, k); r >= 0; r = block(r + 1, k), ++j) {
+        const int hk = k.h / p.group, krow = (int)k.sv.k0, kb = (int)k.sv.kb;
+        if (tid == 0) { /* Q once the consumers are done with the previous block's */
+          mbar_wait(q_empty, (j & 1) ^ 1);
+          mbar_expect_tx(q_full, L::QBYTES);
+          tma_load_tile<BR, D>(sQ, &P.tq, q_full, (int)(k.sv.q0 + k.r0), k.h, (int)k.sv.qb);
+        }
+        for_each_live(k.n_end - k.n_begin, tile_skip(k), [&](int kk) {
+          const int n = k.n_end - 1 - kk, st = i % ST, ph = (i / ST) & 1;
+          ++i;
+          if (tid != 0) return;
+          mbar_wait(k_empty(st), ph ^ 1);
+          mbar_expect_tx(k_full(st), L::TBYTES);
+          tma_load_tile<BC, D>(sQ + L::K0 + st * L::TBYTES, &P.tk, k_full(st), krow + n * BC, hk,
+                               kb);
+          mbar_wait(v_empty(st), ph ^ 1);
+          mbar_expect_tx(v_full(st), L::TBYTES);
+          tma_load_tile<BC, D>(sQ + L::V0 + st * L::TBYTES, &P.tv, v_full(st), krow + n * BC, hk,
+                               kb);
+        });
       }
-      int i = 0;
-      for_each_live(n_end - n_begin, tile_skip, [&](int k) {
-        const int n = n_end - 1 - k, st = i % ST, ph = (i / ST) & 1;
-        ++i;
-        if (tid != 0) return;
-        mbar_wait(k_empty(st), ph ^ 1);
-        mbar_expect_tx(k_full(st), L::TBYTES);
-        tma_load_tile<BC, D>(sQ + L::K0 + st * L::TBYTES, &P.tk, k_full(st), krow + n * BC, hk, kb);
-        mbar_wait(v_empty(st), ph ^ 1);
-        mbar_expect_tx(v_full(st), L::TBYTES);
-        tma_load_tile<BC, D>(sQ + L::V0 + st * L::TBYTES, &P.tv, v_full(st), krow + n * BC, hk, kb);
-      });
     }
     return;
   }
@@ -163,89 +193,94 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
   const int ctid = tid - 128, wg = ctid >> 7, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   const int wrow = wg * 64 + ((ctid >> 5) & 3) * 16; /* this warp's first row in the block */
-
-  float o[D / 8][4];
-#pragma unroll
-  for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   const float mul = p.scale_log2;
   const uint32_t q_base = sQ + wg * 64 * 128; /* this warpgroup's 64 rows of Q */
-  mbar_wait(q_full, 0);
-
-  /* One body for masked and unmasked tiles; a masked tile first sets the
-   * scores outside each row's visible keys to -inf */
-  auto step = [&](const int n, const int i, const bool masked) {
-    const int st = i % ST, ph = (i / ST) & 1;
-    const int c0 = n * BC;
-    float s[BC / 8][4];
-    const uint32_t k_base = sQ + L::K0 + st * L::TBYTES;
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wgmma_ss<T, BC>(s, sw128_kmajor<BR>(q_base, kk), sw128_kmajor<BC>(k_base, kk), kk > 0);
-    wg_commit();
-    wg_wait<0>();
-    reg_fence(s);
-    if (lane == 0) mbar_arrive(k_empty(st));
-
-    if (masked) /* scores outside each row's visible keys -> -inf */
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        int64_t lo, hi;
-        fa_mask_row_range(&mk, r0 + wrow + g + 8 * r, &lo, &hi);
-#pragma unroll
-        for (int j = 0; j < BC / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = c0 + j * 8 + 2 * t + e;
-            if (col < lo || col >= hi) s[j][2 * r + e] = -INFINITY;
-          }
-      }
-    softmax_tile<BC, D>(s, o, m_run, l_run, mul);
-
-    uint32_t pa[BC / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) c_to_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
-    const uint32_t v_base = sQ + L::V0 + st * L::TBYTES;
-    mbar_wait(v_full(st), ph);
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk)
-      wgmma_rs<T, D>(o, pa[kk], sw128_mnmajor(v_base, kk, BC * 128), 1);
-    wg_commit();
-    wg_wait<0>();
-    reg_fence(o);
-    reg_fence(pa);
-    if (lane == 0) mbar_arrive(v_empty(st));
-  };
-  int i = 0; /* visited tiles so far: the ring's position */
-  for_each_live(n_end - n_begin, tile_skip, [&](int k) {
-    const int n = n_end - 1 - k;
-    mbar_wait(k_full(i % ST), (i / ST) & 1);
-    step(n, i++, kt.masked(n * BC, BC, nk));
-  });
-
-  /* Normalise, write lse, stage O (row stride D + 8) through shared memory */
-  named_sync(1, NC); /* every consumer is done with Q and K */
-  T *sO = reinterpret_cast<T *>(smem_raw + (sQ - smem_addr(smem_raw)));
+  T *sO = reinterpret_cast<T *>(smem_raw + (sQ + L::O0 - smem_addr(smem_raw)));
   constexpr int LD = D + 8;
-  float *lse_row = p.lse + sv.lse0 + h * sv.lse_hs + r0;
+
+  Block k;
+  int i = 0, j = 0; /* visited tiles so far (the ring's position), blocks so far */
+  for (int r = block(0, k); r >= 0; r = block(r + 1, k), ++j) {
+    float o[D / 8][4];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float lse;
-    const float inv = online_finish(m_run[r] * mul, l_run[r], &lse);
-    const int lr = wrow + g + 8 * r;
-    if (t == 0 && lr < rows) lse_row[lr] = lse;
+    for (int jj = 0; jj < D / 8; ++jj)
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<uint32_t *>(sO + lr * LD + j * 8 + 2 * t) =
-          pack2<T>(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+      for (int e = 0; e < 4; ++e) o[jj][e] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    mbar_wait(q_full, j & 1);
+
+    /* One body for masked and unmasked tiles; a masked tile first sets the
+     * scores outside each row's visible keys to -inf */
+    auto step = [&](const int n, const int i, const bool masked) {
+      const int st = i % ST, ph = (i / ST) & 1;
+      const int c0 = n * BC;
+      float s[BC / 8][4];
+      const uint32_t k_base = sQ + L::K0 + st * L::TBYTES;
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        wgmma_ss<T, BC>(s, sw128_kmajor<BR>(q_base, kk), sw128_kmajor<BC>(k_base, kk), kk > 0);
+      wg_commit();
+      wg_wait<0>();
+      reg_fence(s);
+      if (lane == 0) mbar_arrive(k_empty(st));
+
+      if (masked) /* scores outside each row's visible keys -> -inf */
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          int64_t lo, hi;
+          fa_mask_row_range(&k.mk, k.r0 + wrow + g + 8 * rr, &lo, &hi);
+#pragma unroll
+          for (int jj = 0; jj < BC / 8; ++jj)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int col = c0 + jj * 8 + 2 * t + e;
+              if (col < lo || col >= hi) s[jj][2 * rr + e] = -INFINITY;
+            }
+        }
+      softmax_tile<BC, D>(s, o, m_run, l_run, mul);
+
+      uint32_t pa[BC / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk) c_to_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+      const uint32_t v_base = sQ + L::V0 + st * L::TBYTES;
+      mbar_wait(v_full(st), ph);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk)
+        wgmma_rs<T, D>(o, pa[kk], sw128_mnmajor(v_base, kk, BC * 128), 1);
+      wg_commit();
+      wg_wait<0>();
+      reg_fence(o);
+      reg_fence(pa);
+      if (lane == 0) mbar_arrive(v_empty(st));
+    };
+    for_each_live(k.n_end - k.n_begin, tile_skip(k), [&](int kk) {
+      const int n = k.n_end - 1 - kk;
+      mbar_wait(k_full(i % ST), (i / ST) & 1);
+      step(n, i++, k.kt.masked(n * BC, BC, k.sv.nk));
+    });
+    if (lane == 0) mbar_arrive(q_empty); /* the producer may load the next block's Q */
+
+    /* Normalise, write lse, stage O (row stride D + 8) through shared memory;
+     * the first barrier: every consumer is done storing the previous block's */
+    named_sync(1, NC);
+    float *lse_row = p.lse + k.sv.lse0 + k.h * k.sv.lse_hs + k.r0;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float lse;
+      const float inv = online_finish(m_run[rr] * mul, l_run[rr], &lse);
+      const int lr = wrow + g + 8 * rr;
+      if (t == 0 && lr < k.rows) lse_row[lr] = lse;
+#pragma unroll
+      for (int jj = 0; jj < D / 8; ++jj)
+        *reinterpret_cast<uint32_t *>(sO + lr * LD + jj * 8 + 2 * t) =
+            pack2<T>(o[jj][2 * rr] * inv, o[jj][2 * rr + 1] * inv);
+    }
+    named_sync(1, NC);
+    store_tile<T, BR, D, NC>((T *)p.o + k.sv.qb * p.o_sb + (k.sv.q0 + k.r0) * p.o_ss + k.h * p.o_sh,
+                             p.o_ss, sO, k.rows, p.d, ctid);
   }
-  named_sync(1, NC);
-  store_tile<T, BR, D, NC>((T *)p.o + sv.qb * p.o_sb + (sv.q0 + r0) * p.o_ss + h * p.o_sh, p.o_ss,
-                           sO, rows, p.d, ctid);
 #endif
 }
 
@@ -254,7 +289,6 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   using S = FwdShape<D>;
   constexpr size_t smem = FwdSmem<D>::BYTES;
   static_assert(smem <= 227 * 1024, "fits Hopper's shared memory");
-  static_assert((size_t)S::BR * (D + 8) * 2 <= FwdSmem<D>::BARS, "O staging fits");
   constexpr bool BF = std::is_same<T, __nv_bfloat16>::value;
   FwdParams prm;
   prm.a = a;
@@ -270,9 +304,15 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   auto kernel = fwd_kernel<T, D>;
   static bool attr_done = false;
   if ((st = smem_limit_once(kernel, smem, attr_done)) != FA_OK) return st;
-  const dim3 grid((unsigned)((a.max_seqlen_q + S::BR - 1) / S::BR), (unsigned)a.heads_q,
-                  (unsigned)a.batch);
-  kernel<<<grid, (S::NWG + 1) * 128, smem, stream>>>(prm);
+  prm.sched.nblk = (a.max_seqlen_q + S::BR - 1) / S::BR;
+  prm.sched.heads = a.heads_q;
+  prm.sched.batch = a.batch;
+  const int64_t blocks = (int64_t)prm.sched.nblk * a.heads_q * a.batch;
+  const int ctas = launch_ctas(blocks, !a.causal); /* schedule.cuh: why not causal */
+  if (blocks == 0) return FA_OK;
+  if (ctas == 0)
+    return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: too many query blocks for one launch");
+  kernel<<<ctas, (S::NWG + 1) * 128, smem, stream>>>(prm);
   return launch_status();
 }
 

@@ -1,4 +1,8 @@
-/* Tensor maps for the Hopper kernels' TMA copies (host side). */
+/* Host side of the Hopper kernels: tensor maps for their TMA copies, the
+ * launches' CTA count. */
+#include <limits.h>
+
+#include "schedule.cuh"
 #include "sm90.h"
 
 namespace fa {
@@ -45,6 +49,19 @@ fa_status make_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t s
   if (r != CUDA_SUCCESS)
     return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: cuTensorMapEncodeTiled failed (%d)", (int)r);
   return FA_OK;
+}
+
+int launch_ctas(int64_t blocks, bool persistent) {
+  static int sms[64]; /* per device; a race only repeats the query */
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) dev = 0;
+  if (!sms[dev] &&
+      cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    (void)cudaGetLastError(); /* not the launch's error */
+    sms[dev] = 132;
+  }
+  if (blocks > INT_MAX / 2) return 0; /* r * G + c stays below 2^31 */
+  return (int)(persistent && blocks > sms[dev] ? sms[dev] : blocks);
 }
 
 }  // namespace sm90

@@ -179,6 +179,13 @@ __device__ __forceinline__ void tma_load_tile(uint32_t dst, const void *map, uin
 __device__ __forceinline__ void named_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
+/* setmaxnreg only moves registers within the CTA's allocation, which ptxas
+ * sizes from __launch_bounds__(WGS * 128, 1): 64K / (WGS * 128) per thread,
+ * rounded down to 8. An increase past what the other warpgroups gave back
+ * waits forever (a hang, not an error), so every split must fit. */
+constexpr bool regs_split_fits(int wgs, int producer, int consumer) {
+  return producer + (wgs - 1) * consumer <= wgs * (65536 / (wgs * 128) / 8 * 8);
+}
 template <int N>
 __device__ __forceinline__ void regs_dealloc() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));

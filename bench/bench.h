@@ -28,7 +28,8 @@ typedef struct bench_opts {
   int64_t window_left, window_right; /* negative: unlimited on that side */
   float softcap;
   float dropout;        /* dropout_p (0: off) */
-  double block_density; /* block-sparse: share of visible blocks (0: dense) */
+  int block_sparse;     /* --block-sparse given: a block mask of block_density */
+  double block_density; /* block-sparse: share of visible blocks (0: all hidden) */
   int64_t block_size;   /* block-sparse: rows and keys per block */
   bench_layout layout;
   int repeat, warmup;

@@ -263,7 +263,8 @@ static void report_failure(const bench_opts *o, const bench_result *r) {
 }
 
 /* Every (batch, head, query block) row keeps round(S * key blocks) of its key
- * blocks (at least one), picked at random: each row does the same work. */
+ * blocks (at least one unless S = 0), picked at random: each row does the same
+ * work. S = 0 hides every block: the launch's cost without tile work. */
 static int make_block_mask(const bench_opts *o, bench_env *e) {
   const int64_t nbq = (o->seqlen + o->block_size - 1) / o->block_size;
   const int64_t nbk = (o->seqlen_k + o->block_size - 1) / o->block_size;
@@ -276,7 +277,7 @@ static int make_block_mask(const bench_opts *o, bench_env *e) {
     return -1;
   }
   int64_t keep = (int64_t)(o->block_density * (double)nbk + 0.5);
-  keep = keep < 1 ? 1 : keep > nbk ? nbk : keep;
+  keep = keep < 1 && o->block_density > 0 ? 1 : keep > nbk ? nbk : keep;
   uint64_t x = o->seed * 0x9E3779B97F4A7C15ull + 1;
   for (int64_t r = 0; r < rows; r++) {
     for (int64_t j = 0; j < nbk; j++) perm[j] = j;
@@ -325,7 +326,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, PROG ": cannot create a stream: %s\n", bench_device_error());
     return 1;
   }
-  if (o.block_density > 0 && make_block_mask(&o, &env)) {
+  if (o.block_sparse && make_block_mask(&o, &env)) {
     fprintf(stderr, PROG ": cannot make the block mask: %s\n", bench_device_error());
     return 1;
   }

@@ -238,8 +238,9 @@ static int opt_block_sparse(parse_state *s, const char *flag, const char *val) {
   char *end;
   errno = 0;
   double x = strtod(val, &end);
-  if (errno || end == val || !(x > 0 && x <= 1) || (*end != '\0' && *end != ','))
-    return bad_value(flag, val, "DENSITY in (0, 1], optionally ,BLOCK");
+  if (errno || end == val || !(x >= 0 && x <= 1) || (*end != '\0' && *end != ','))
+    return bad_value(flag, val, "DENSITY in [0, 1], optionally ,BLOCK");
+  s->o->block_sparse = 1;
   s->o->block_density = x;
   if (*end == ',' && parse_i64(flag, end + 1, 1, INT32_MAX, &s->o->block_size)) return -1;
   return 0;

@@ -95,7 +95,7 @@ static void json_result(const bench_opts *o, const bench_peak *peak, const bench
   json_number(o->dropout);
   printf(",\"block_density\":");
   json_number(o->block_density);
-  printf(",\"block_size\":%lld", (long long)(o->block_density > 0 ? o->block_size : 0));
+  printf(",\"block_size\":%lld", (long long)(o->block_sparse ? o->block_size : 0));
   printf(",\"status\":\"%s\",\"ms\":", status_name(r->status));
   json_number(ok ? r->ms : NAN);
   printf(",\"ms_min\":");
@@ -134,7 +134,7 @@ void bench_print_header(const bench_opts *o, const bench_peak *peak) {
     printf(", window (%lld, %lld)", (long long)o->window_left, (long long)o->window_right);
   if (o->softcap > 0) printf(", softcap %g", o->softcap);
   if (o->dropout > 0) printf(", dropout %g", o->dropout);
-  if (o->block_density > 0)
+  if (o->block_sparse)
     printf(", block-sparse %g of %lldx%lld blocks", o->block_density, (long long)o->block_size,
            (long long)o->block_size);
   printf(", median of %d run%s after %d warmup", o->repeat, o->repeat == 1 ? "" : "s", o->warmup);

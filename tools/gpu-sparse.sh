@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Issue 7's GPU numbers in one go (needs build-gpu, e.g. from tools/gpu-check.sh
 # --prebuilt=...): flash2 time against block density s (--block-sparse S,128,
-# every row block keeps round(S * key blocks) random 128-key blocks) next to the
-# dense plain kernel, then the sliding-window shape against FlexAttention
-# (tools/bench_flex.py), after a window-width sweep (time against steps per block: the
-# intercept is the per-block cost). bf16, D=128, H=16, non-causal; N=4096 B=4, N=16384 B=1.
+# every row block keeps round(S * key blocks) random 128-key blocks; S = 0 hides
+# them all: the launch's fixed cost) next to the dense plain kernel, then the
+# sliding-window shape against FlexAttention (tools/bench_flex.py), after a
+# window-width sweep (time against steps per block: the intercept is the
+# per-block cost). bf16, D=128, H=16, non-causal; N=4096 B=4, N=16384 B=1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=$PWD/build-gpu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -13,9 +14,9 @@ C=(--device cuda --impl flash2 --pass fwd,bwd --dtype bf16 --headdim 128 --heads
   --repeat 10 --warmup 2)
 for nb in 4096:4 16384:1; do
   n=${nb%:*} b=${nb#*:}
-  echo "== N=$n B=$b dense (plain kernel), then s = 1 1/2 1/4 1/8 1/16"
+  echo "== N=$n B=$b dense (plain kernel), then s = 1 1/2 1/4 1/8 1/16 0 (0: every block hidden)"
   $B "${C[@]}" --seqlen "$n" --batch "$b" | grep -E '^flash2'
-  for s in 1 0.5 0.25 0.125 0.0625; do
+  for s in 1 0.5 0.25 0.125 0.0625 0; do
     $B "${C[@]}" --seqlen "$n" --batch "$b" --block-sparse "$s,128" | grep -E '^flash2' |
       sed "s/^/s=$s /"
   done

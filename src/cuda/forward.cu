@@ -14,6 +14,7 @@
  *  - Flash limits: heads_q and batch (num_seqs) at most 65535 each (grid y/z);
  *    any head dim up to 256 runs the kernel of the next size in {32, 64, 96,
  *    128, 192, 256} with the extra columns zero-filled in shared memory.
+ *  - Flash workspace: 64 bytes, the Hopper kernel's block counter.
  *  - Standard workspace: heads_q * max_seqlen_q * max_seqlen_k floats (one
  *    sequence's S at a time, reused in stream order; for varlen on the device
  *    the maxima are the total lengths). P is written in place over S.
@@ -68,6 +69,7 @@ fa_status flash_forward(const fa_problem *pb) {
   a.o = pb->o.data;
   a.lse = pb->lse;
   a.o_sb = pb->o.stride_batch, a.o_ss = pb->o.stride_seq, a.o_sh = pb->o.stride_head;
+  a.sched = (int *)pb->workspace;
   fa::fill_common_args(a, pb);
   cudaStream_t s = (cudaStream_t)pr->stream;
 #ifdef FA_HAVE_SM90A
@@ -330,7 +332,8 @@ fa_status fa_cuda_check(const fa_problem *pb, fa_pass pass) {
 }
 
 size_t fa_cuda_forward_workspace(const fa_problem *pb) {
-  return is_flash(pb) ? 0 : std_workspace(pb);
+  /* flash: the Hopper kernel's block counter (sm90/schedule.cuh) */
+  return is_flash(pb) ? 64 : std_workspace(pb);
 }
 
 fa_status fa_cuda_forward(const fa_problem *pb) {

@@ -64,6 +64,7 @@ struct FwdArgs : AttnArgs {
   void *o;
   float *lse;
   int64_t o_sb, o_ss, o_sh;
+  int *sched; /* the Hopper kernel's block counter: a word of the workspace */
 };
 
 /* Tile shapes per (padded) head dim: MT m-tiles of 16 rows per warp, NW warps,

@@ -803,11 +803,15 @@ static void full_suite(void) {
                99);
       c.causal = 1;
       run_case(&c);
-      /* more blocks than SMs: the Hopper forward's persistent CTAs run several
-       * rounds (varlen: blocks past a sequence's end skipped) */
+      /* more blocks than SMs: the Hopper forward's persistent CTAs take
+       * several blocks each (varlen: blocks past a sequence's end skipped) */
       c = base(nm("%s D=%d %s", "persistent rounds GQA 40:8 B=3 nq=nk=300", 64, dt), dt, 64, 3, 40,
                300, 300);
       c.Hk = 8;
+      run_case(&c);
+      c = base(nm("%s D=%d %s", "persistent rounds causal B=2 H=24 nq=nk=520", 128, dt), dt, 128, 2,
+               24, 520, 520);
+      c.causal = 1;
       run_case(&c);
       c = base(nm("%s D=%d %s", "persistent rounds varlen window H=36", 128, dt), dt, 128, 1, 36, 0,
                0);
@@ -860,6 +864,9 @@ static void small_suite(void) {
   c.Hk = 1, c.causal = 1, c.bq = 128, c.bk = 128, c.bdens = 60;
   run_case(&c);
   c = base("small persistent rounds H=140 D=64 bf16", FA_DTYPE_BF16, 64, 1, 140, 64, 64);
+  run_case(&c);
+  c = base("small persistent rounds causal H=70 D=128 f16", FA_DTYPE_F16, 128, 1, 70, 200, 200);
+  c.causal = 1;
   run_case(&c);
   check_dropout_bits(FA_DTYPE_F16, 1, 2, 1, 200, 1);
 }

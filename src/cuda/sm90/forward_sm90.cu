@@ -2,11 +2,11 @@
  * tensor copy engine (TMA), with warp specialisation.
  *
  * The algorithm is forward_kernel.cuh's; the machinery is Hopper's. A thread
- * block (one per SM, persistent: schedule.cuh) computes block after block of
- * BR = 64 * NWG query rows of one (sequence, head) with NWG + 1
- * warpgroups: warpgroup 0 is the producer (one thread issues TMA copies of Q
- * and of each K and V tile into ST-deep rings), warpgroups 1..NWG consume,
- * each owning 64 query rows. Tiles are stored in the 128-byte swizzled layout
+ * block (one per SM, persistent and dynamically scheduled: schedule.cuh)
+ * computes block after block of BR = 64 * NWG query rows of one (sequence,
+ * head) with NWG + 1 warpgroups: warpgroup 0 is the producer (one thread
+ * issues TMA copies of Q and of each K and V tile into ST-deep rings),
+ * warpgroups 1..NWG consume, each owning 64 query rows. Tiles are stored in the 128-byte swizzled layout
  * that TMA writes and wgmma reads (wgmma.cuh). mbarriers hand stages back and
  * forth: full[s] completes when the copy engine delivered the bytes, empty[s]
  * when every consumer warp is done reading. Per key tile, each consumer:
@@ -56,8 +56,10 @@ struct FwdSmem {
    * during this block's epilogue */
   static constexpr uint32_t BARS = O0 + S::BR * (D + 8) * 2;
   /* barriers: q_full, q_empty, k_full[ST], v_full[ST], k_empty[ST],
-   * v_empty[ST]; plus 1 KB to align the base to 1024 bytes */
-  static constexpr size_t BYTES = BARS + 8 * (2 + 4 * S::ST) + 1024;
+   * v_empty[ST]; then the block index of Q's two phases; plus 1 KB to align
+   * the base to 1024 bytes */
+  static constexpr uint32_t SLOTS = BARS + 8 * (2 + 4 * S::ST);
+  static constexpr size_t BYTES = SLOTS + 8 + 1024;
 };
 
 /* Online softmax over one S tile held as accumulators s (rows g and g + 8 of
@@ -112,7 +114,7 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
   const int tid = threadIdx.x;
   if (tid == 0) {
     mbar_init(q_full, 1);
-    mbar_init(q_empty, NC / 32); /* one arrival per consumer warp */
+    mbar_init(q_empty, NC); /* every consumer thread: each read its slot */
     for (int st = 0; st < ST; ++st) {
       mbar_init(k_full(st), 1);
       mbar_init(v_full(st), 1);
@@ -123,34 +125,36 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
   }
   __syncthreads();
 
-  /* Both roles walk the same blocks (schedule.cuh) and, in each, the same
-   * live key tiles, so the K/V ring's position i and the block count j run
-   * in step; a block's tiles run from the last to the first, so a causal
-   * block's masked tiles come first. */
+  /* The producer takes the blocks (schedule.cuh) and hands each one's index
+   * to the consumers in slot[j & 1] with its Q (q_full phase j); -1 ends the
+   * walk. Both roles then walk the block's same live key tiles, so the K/V
+   * ring's position i runs in step; a block's tiles run from the last to the
+   * first, so a causal block's masked tiles come first. */
+  volatile int *slot =
+      reinterpret_cast<volatile int *>(smem_raw + (sQ + L::SLOTS - smem_addr(smem_raw)));
   struct Block {
     int b, h, r0, rows, n_begin, n_end;
     SeqView sv;
     fa_mask mk;
     KeyTiles kt;
   };
-  auto block = [&](int r, Block &k) {
-    for (;; ++r) { /* skips query blocks past a varlen sequence's end */
-      int x;
-      if (!P.sched.block(r, x, k.h, k.b)) return -1;
-      k.sv = seq_view(p, k.b);
-      k.r0 = (P.sched.nblk - 1 - x) * BR;
-      if (k.r0 < k.sv.nq) break;
-    }
+  /* block t's rows and key tiles; false past a varlen sequence's end */
+  auto setup = [&](int t, Block &k) {
+    int x;
+    P.sched.decode(t, x, k.h, k.b);
+    k.sv = seq_view(p, k.b);
+    k.r0 = (P.sched.nblk - 1 - x) * BR;
+    if (k.r0 >= k.sv.nq) return false;
     k.rows = min(BR, k.sv.nq - k.r0);
     k.mk =
         fa_mask_make(k.sv.nq, k.sv.nk, p.causal, p.window_enabled, p.window_left, p.window_right);
     k.kt = key_tiles<BC>(k.mk, k.r0, k.rows);
     k.n_begin = k.kt.n_begin;
     k.n_end = k.kt.n_end;
-    return r;
+    return true;
   };
   /* Key tiles a block mask (blocks a multiple of the tile, sm90_forward_covers)
-   * skips: tile n_end - 1 - k, as the walk runs backwards */
+   * skips: tile n_end - 1 - i, as the walk runs backwards */
   auto tile_skip = [&](const Block &k) {
     return [&](int i) {
       return p.bmask && !__ldg(bmask_head(p, k.b, k.h) + (int64_t)(k.r0 / p.bm_q) * p.bm_sr +
@@ -161,15 +165,30 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
   if (tid < 128) { /* ---- producer warpgroup ---- */
     regs_dealloc<S::PRODUCER_REGS>();
     if (tid < 32) { /* one warp walks the tiles, its lane 0 issues the copies */
+      /* lane 0 takes the next block, the warp learns it */
+      auto take = [&]() {
+        int t = 0;
+        if (tid == 0) t = P.sched.take();
+        return __shfl_sync(0xffffffffu, t, 0);
+      };
+      const int total = P.sched.total();
       Block k;
-      int i = 0, j = 0;
-      for (int r = block(0, k); r >= 0; r = block(r + 1, k), ++j) {
-        const int hk = k.h / p.group, krow = (int)k.sv.k0, kb = (int)k.sv.kb;
+      int i = 0, t = blockIdx.x;
+      for (int j = 0;; ++j, t = take()) {
+        while (t < total && !setup(t, k)) t = take();
+        const bool more = t < total;
         if (tid == 0) { /* Q once the consumers are done with the previous block's */
           mbar_wait(q_empty, (j & 1) ^ 1);
-          mbar_expect_tx(q_full, L::QBYTES);
-          tma_load_tile<BR, D>(sQ, &P.tq, q_full, (int)(k.sv.q0 + k.r0), k.h, (int)k.sv.qb);
+          slot[j & 1] = more ? t : -1;
+          if (more) {
+            mbar_expect_tx(q_full, L::QBYTES);
+            tma_load_tile<BR, D>(sQ, &P.tq, q_full, (int)(k.sv.q0 + k.r0), k.h, (int)k.sv.qb);
+          } else {
+            mbar_arrive(q_full);
+          }
         }
+        if (!more) break;
+        const int hk = k.h / p.group, krow = (int)k.sv.k0, kb = (int)k.sv.kb;
         for_each_live(k.n_end - k.n_begin, tile_skip(k), [&](int kk) {
           const int n = k.n_end - 1 - kk, st = i % ST, ph = (i / ST) & 1;
           ++i;
@@ -199,15 +218,18 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
   constexpr int LD = D + 8;
 
   Block k;
-  int i = 0, j = 0; /* visited tiles so far (the ring's position), blocks so far */
-  for (int r = block(0, k); r >= 0; r = block(r + 1, k), ++j) {
+  int i = 0; /* visited tiles so far: the ring's position */
+  for (int j = 0;; ++j) {
+    mbar_wait(q_full, j & 1);
+    const int blk = slot[j & 1];
+    if (blk < 0) break;
+    setup(blk, k);
     float o[D / 8][4];
 #pragma unroll
     for (int jj = 0; jj < D / 8; ++jj)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[jj][e] = 0.f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-    mbar_wait(q_full, j & 1);
 
     /* One body for masked and unmasked tiles; a masked tile first sets the
      * scores outside each row's visible keys to -inf */
@@ -260,7 +282,7 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
       mbar_wait(k_full(i % ST), (i / ST) & 1);
       step(n, i++, k.kt.masked(n * BC, BC, k.sv.nk));
     });
-    if (lane == 0) mbar_arrive(q_empty); /* the producer may load the next block's Q */
+    mbar_arrive(q_empty); /* the producer may load Q and write the slot again */
 
     /* Normalise, write lse, stage O (row stride D + 8) through shared memory;
      * the first barrier: every consumer is done storing the previous block's */
@@ -307,11 +329,15 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   prm.sched.nblk = (a.max_seqlen_q + S::BR - 1) / S::BR;
   prm.sched.heads = a.heads_q;
   prm.sched.batch = a.batch;
+  prm.sched.next = a.sched;
   const int64_t blocks = (int64_t)prm.sched.nblk * a.heads_q * a.batch;
-  const int ctas = launch_ctas(blocks, !a.causal); /* schedule.cuh: why not causal */
+  const int ctas = persistent_ctas(blocks);
   if (blocks == 0) return FA_OK;
   if (ctas == 0)
     return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: too many query blocks for one launch");
+  if (!a.sched) return fa_set_error(FA_ERR_INTERNAL, "cuda: no workspace for the block counter");
+  const cudaError_t e = cudaMemsetAsync(a.sched, 0, sizeof(int), stream);
+  if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
   kernel<<<ctas, (S::NWG + 1) * 128, smem, stream>>>(prm);
   return launch_status();
 }

@@ -1,15 +1,16 @@
-/* Persistent scheduling for the Hopper kernels: CTA c of G walks blocks c,
- * c + G, c + 2G ... of the launch order (query or key blocks fastest, then
- * heads, then sequences), so with one CTA per SM a block's first loads
- * overlap the previous block's tail and no CTA is launched per block.
- * Concurrent CTAs still share a head's K/V in L2, as with one CTA per block.
+/* Persistent, dynamically scheduled Hopper kernels: one CTA per SM runs
+ * block after block (query blocks forward), taking the next one from a
+ * counter in global memory (zeroed by the launch), in launch order: query
+ * blocks fastest, longest first for causal, then heads, then sequences.
+ * Taking blocks as CTAs free up is what the hardware's block scheduler does
+ * for one CTA per block, so causal work stays balanced and concurrent CTAs
+ * still share a head's K/V in L2; being persistent, a CTA loads its next
+ * block's Q and first K/V tiles while it stores this block's output.
  *
- * The order is static, so it balances only blocks of equal work. Causal
- * launches keep one CTA per block (G = blocks), where the hardware's greedy
- * block scheduler balances them: a static round-robin in launch order would
- * give one CTA the long blocks of several heads (~1.5x the ideal time at
- * N=16k), and a longest-first order across heads lost the K/V sharing (D=128
- * causal N <= 2048 7-18% slower on an H100, docs/PERF.md). */
+ * Static orders were measured worse (docs/PERF.md): every G-th block in
+ * launch order piles the long causal blocks of several heads on the same
+ * CTAs, and longest-first across heads loses the K/V sharing (D=128 causal
+ * N <= 2048 7-18% slower on an H100). */
 #ifndef FA_CUDA_SM90_SCHEDULE_CUH
 #define FA_CUDA_SM90_SCHEDULE_CUH
 
@@ -20,26 +21,26 @@ namespace sm90 {
 
 struct Schedule {
   int nblk, heads, batch; /* blocks per (sequence, head), heads, sequences */
+  int *next;              /* blocks taken past the first gridDim.x; zero at launch */
 
-  /* Block x (0 = the first in the kernel's own order), head h and sequence b
-   * of this CTA's round r; false once the rounds are exhausted. 32-bit: the
-   * launch checks that the blocks fit (64-bit division would cost the
-   * producer warp, which runs on few registers, a spill). */
-  __device__ __forceinline__ bool block(int r, int &x, int &h, int &b) const {
-    const unsigned i = (unsigned)r * gridDim.x + blockIdx.x;
-    if (i >= (unsigned)(heads * batch) * nblk) return false;
-    const int rest = (int)(i / nblk);
-    x = (int)(i % nblk);
+  __device__ __forceinline__ int total() const { return nblk * heads * batch; }
+  /* The block after this CTA's current one (the first is blockIdx.x). */
+  __device__ __forceinline__ int take() const { return (int)gridDim.x + atomicAdd(next, 1); }
+  /* Block t: index x in the kernel's own order, head h, sequence b. 32-bit:
+   * the launch checks that the blocks fit (64-bit division would spill the
+   * producer warp's few registers). */
+  __device__ __forceinline__ void decode(int t, int &x, int &h, int &b) const {
+    const int rest = t / nblk;
+    x = t - rest * nblk;
     h = rest % heads;
     b = rest / heads;
-    return true;
   }
 };
 
-/* CTAs for a launch of `blocks` blocks on the current device: one per SM
- * when persistent, else one per block; 0 when blocks is 0 or does not fit
- * Schedule's 32-bit indices (the caller then takes the sm_80 kernels). */
-int launch_ctas(int64_t blocks, bool persistent);
+/* CTAs for a persistent launch of `blocks` blocks on the current device (one
+ * per SM); 0 when blocks is 0 or does not fit Schedule's 32-bit indices (the
+ * caller then takes the sm_80 kernels). */
+int persistent_ctas(int64_t blocks);
 
 }  // namespace sm90
 }  // namespace fa

@@ -1,5 +1,5 @@
 /* Host side of the Hopper kernels: tensor maps for their TMA copies, the
- * launches' CTA count. */
+ * persistent launches' CTA count. */
 #include <limits.h>
 
 #include "schedule.cuh"
@@ -51,7 +51,7 @@ fa_status make_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t s
   return FA_OK;
 }
 
-int launch_ctas(int64_t blocks, bool persistent) {
+int persistent_ctas(int64_t blocks) {
   static int sms[64]; /* per device; a race only repeats the query */
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) dev = 0;
@@ -60,8 +60,8 @@ int launch_ctas(int64_t blocks, bool persistent) {
     (void)cudaGetLastError(); /* not the launch's error */
     sms[dev] = 132;
   }
-  if (blocks > INT_MAX / 2) return 0; /* r * G + c stays below 2^31 */
-  return (int)(persistent && blocks > sms[dev] ? sms[dev] : blocks);
+  if (blocks > INT_MAX / 2) return 0; /* taking blocks past the last stays below 2^31 */
+  return (int)(blocks > sms[dev] ? sms[dev] : blocks);
 }
 
 }  // namespace sm90

@@ -6,10 +6,11 @@
  * computes block after block of BR = 64 * NWG query rows of one (sequence,
  * head) with NWG + 1 warpgroups: warpgroup 0 is the producer (one thread
  * issues TMA copies of Q and of each K and V tile into ST-deep rings),
- * warpgroups 1..NWG consume, each owning 64 query rows. Tiles are stored in the 128-byte swizzled layout
- * that TMA writes and wgmma reads (wgmma.cuh). mbarriers hand stages back and
- * forth: full[s] completes when the copy engine delivered the bytes, empty[s]
- * when every consumer warp is done reading. Per key tile, each consumer:
+ * warpgroups 1..NWG consume, each owning 64 query rows. Tiles are stored in
+ * the 128-byte swizzled layout that TMA writes and wgmma reads (wgmma.cuh).
+ * mbarriers hand stages back and forth: full[s] completes when the copy
+ * engine delivered the bytes, empty[s] when every consumer warp is done
+ * reading. Per key tile, each consumer:
  *   S = Q K_j^T   wgmma, both operands from shared memory, f32 accumulators
  *   P = online softmax of S, in the accumulators (log2 domain, exp2)
  *   O += P V_j    wgmma, P from registers (the accumulator layout is the A

@@ -1,5 +1,7 @@
 """flashattn on torch tensors: custom ops flashattn::fwd / flashattn::bwd with
 autograd and fake (meta) kernels, so torch.compile keeps each call one graph node.
+Plain eager calls skip the custom-op machinery (host time) through an autograd.Function
+running the same implementation (see _FlashAttnFunction).
 
 Outputs and the workspace are allocated with torch (the caching allocator on CUDA);
 CUDA calls run on the tensor's current stream.
@@ -196,15 +198,49 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def _backward(ctx, dout, dlse):
+def _grads(bwd, ctx, dout):
     q, k, v, out, lse, cu_q, cu_k, alibi, block_mask = ctx.saved_tensors
     dout = _unit_last_stride(dout)
-    dq, dk, dv = _bwd_op(dout, q, k, v, out, lse, cu_q, cu_k, alibi, block_mask, *ctx.scalars)
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_q, cu_k, alibi, block_mask, *ctx.scalars)
     return (dq, dk, dv) + (None,) * (4 + len(_SCALARS))
+
+
+def _backward(ctx, dout, dlse):
+    """flashattn::fwd's registered derivative: always the flashattn::bwd op (it is traced
+    under torch.compile)."""
+    return _grads(_bwd_op, ctx, dout)
+
+
+# ---- two paths to the same implementation ---------------------------------------
+# The custom ops are what torch.compile, export, tracers, functorch transforms and
+# dispatch modes see. In plain eager mode their machinery (schema defaults, dispatch,
+# generated autograd glue) costs more host time per call than the attention itself for
+# small shapes, so there call() runs _fwd_impl through this autograd.Function, whose
+# derivative runs _bwd_impl: the same code, context and gradients as the ops'
+# registration above. It is also the only path on torch < 2.4 (no custom_op).
+
+
+class _FlashAttnFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, *args):
+        out, lse = _fwd_impl(*args)
+        _setup_context(ctx, args, (out, lse))
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        # The op, as the custom op's derivative calls it, when create_graph=True (grad
+        # mode is on here; a second backward then fails as it always did, flashattn::bwd
+        # having no derivative) or when something watches (compiled autograd traces this).
+        fast = not torch.is_grad_enabled() and _fast((dout,))
+        return _grads(_bwd_impl if fast else _bwd_op, ctx, dout)
 
 
 HAS_CUSTOM_OP = hasattr(torch, "library") and hasattr(torch.library, "custom_op") \
     and hasattr(torch.library, "register_autograd")
+
+# Set to False to send every eager call through the custom ops (tests compare the paths).
+EAGER_FAST_PATH = True
 
 if HAS_CUSTOM_OP:
     _fwd_op = torch.library.custom_op("flashattn::fwd", mutates_args=())(_fwd_impl)
@@ -213,24 +249,70 @@ if HAS_CUSTOM_OP:
     _bwd_op.register_fake(_bwd_fake)
     _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
-    def attention(*args):
-        return _fwd_op(*args)
-else:  # torch < 2.4: a plain autograd.Function (no torch.compile integration)
+    def _probe(module, name):
+        f = getattr(module, name, None)
+        return f if callable(f) else None
+
+    # Each says "something other than plain eager execution is looking"; a torch too old
+    # to have one of them never takes the fast path.
+    _WATCHERS = (_probe(getattr(torch, "compiler", None), "is_compiling"),
+                 _probe(torch.jit, "is_tracing"),
+                 _probe(torch._C, "_are_functorch_transforms_active"),
+                 _probe(torch._C, "_len_torch_dispatch_stack"))
+    _FUNCTION_MODES = (_probe(torch._C, "_is_torch_function_mode_enabled"),
+                       _probe(torch._C, "_len_torch_function_stack"),
+                       _probe(torch._C, "_get_function_stack_at"))
+    try:
+        from torch.utils._device import DeviceContext as _DeviceContext
+    except ImportError:
+        _DeviceContext = ()  # isinstance(x, ()) is False
+    # forward-mode AD (torch.autograd.forward_ad.dual_level): the op passes no tangent on,
+    # where the autograd.Function, having no jvp, would raise
+    _forward_ad = getattr(torch.autograd, "forward_ad", None)
+    _CAN_TELL = (all(_WATCHERS) and all(_FUNCTION_MODES)
+                 and hasattr(_forward_ad, "_current_level"))
+
+    def _function_modes_watch():
+        # torch.set_default_device (and `with torch.device(...)`) keep a DeviceContext
+        # torch-function mode: harmless here (every tensor we allocate names its
+        # device), so it alone keeps the fast path; any other mode gets the op.
+        enabled, depth, mode_at = _FUNCTION_MODES
+        return enabled() and not all(isinstance(mode_at(i), _DeviceContext)
+                                     for i in range(depth()))
+
+    def _watched():
+        """True unless plain eager: compiling, jit tracing, a functorch transform, a
+        dispatch mode (fake tensors, make_fx, export), forward-mode AD or a torch-function
+        mode."""
+        if not _CAN_TELL:
+            return True
+        compiling, tracing, functorch, dispatch_modes = _WATCHERS
+        if compiling() or tracing() or functorch() or dispatch_modes():
+            return True
+        return _forward_ad._current_level >= 0 or _function_modes_watch()
+else:  # torch < 2.4: the autograd.Function only (no torch.compile integration)
+    _fwd_op = _FlashAttnFunction.apply
     _bwd_op = _bwd_impl
 
-    class _FlashAttnFunction(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, *args):
-            out, lse = _fwd_impl(*args)
-            _setup_context(ctx, args, (out, lse))
-            return out, lse
+    def _watched():
+        return False
 
-        @staticmethod
-        def backward(ctx, dout, dlse):
-            return _backward(ctx, dout, dlse)
 
-    def attention(*args):
-        return _FlashAttnFunction.apply(*args)
+_TENSOR = (torch.Tensor, torch.nn.Parameter)  # exact types: no subclass redirects torch ops
+
+
+def _fast(tensors, optional=()):
+    """The eager fast path applies: plain CPU/CUDA tensors (no subclass; no meta tensor,
+    the fake kernel's job; a non-tensor gets the op schema's error) and nothing watching."""
+    if not EAGER_FAST_PATH or _watched():
+        return False
+    for t in tensors:
+        if type(t) not in _TENSOR or t.is_meta:
+            return False
+    for t in optional:
+        if t is not None and (type(t) not in _TENSOR or t.is_meta):
+            return False
+    return True
 
 
 def _dropout_seed(dropout_p):
@@ -243,21 +325,24 @@ def call(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask, opts):
     """Runs the op with resolved options; returns (out, lse)."""
     # checked here too so that bad input fails with our message, not the op schema's
     _core.check_qkv(A, q, k, v, cu_seqlens_q is not None)
-    return attention(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask,
-                     opts.softmax_scale, opts.causal, opts.window_enabled, opts.window_left,
-                     opts.window_right, opts.softcap, opts.dropout_p,
-                     _dropout_seed(opts.dropout_p), opts.deterministic, opts.algorithm,
-                     opts.block_size_q, opts.block_size_k)
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask,
+            opts.softmax_scale, opts.causal, opts.window_enabled, opts.window_left,
+            opts.window_right, opts.softcap, opts.dropout_p, _dropout_seed(opts.dropout_p),
+            opts.deterministic, opts.algorithm, opts.block_size_q, opts.block_size_k)
+    if _fast(args[:3], args[3:7]):
+        return _FlashAttnFunction.apply(*args)
+    return _fwd_op(*args)
 
 
 def backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask,
              opts):
-    """The backward op called directly (no autograd): returns (dq, dk, dv)."""
-    return _bwd_op(_unit_last_stride(dout), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                   alibi_slopes, block_mask, opts.softmax_scale, opts.causal,
-                   opts.window_enabled, opts.window_left, opts.window_right, opts.softcap,
-                   opts.dropout_p, opts.dropout_seed, opts.deterministic, opts.algorithm,
-                   opts.block_size_q, opts.block_size_k)
+    """The backward called directly (no autograd): returns (dq, dk, dv)."""
+    args = (_unit_last_stride(dout), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+            alibi_slopes, block_mask, opts.softmax_scale, opts.causal, opts.window_enabled,
+            opts.window_left, opts.window_right, opts.softcap, opts.dropout_p,
+            opts.dropout_seed, opts.deterministic, opts.algorithm, opts.block_size_q,
+            opts.block_size_k)
+    return (_bwd_impl if _fast(args[:6], args[6:10]) else _bwd_op)(*args)
 
 
 __all__ = ["call", "backward", "TorchAdapter", "HAS_CUSTOM_OP"]

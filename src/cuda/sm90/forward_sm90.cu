@@ -119,7 +119,7 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
     for (int st = 0; st < ST; ++st) {
       mbar_init(k_full(st), 1);
       mbar_init(v_full(st), 1);
-      mbar_init(k_empty(st), NC / 32);
+      mbar_init(k_empty(st), NC / 32); /* one arrival per consumer warp */
       mbar_init(v_empty(st), NC / 32);
     }
     mbar_init_fence();

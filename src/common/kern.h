@@ -9,15 +9,12 @@
 
 #include <stdint.h>
 
+#include "common/log2.h"
 #include "common/philox.h"
 #include "flashattn.h"
 
 /* Floats per vector; panel widths and padded dimensions are multiples of it. */
 #define FA_VL 8
-
-/* log2 e and ln 2: the forward keeps scores in log2 units (cpu/forward.c) */
-#define FA_LOG2E 1.44269504088896341f
-#define FA_LN2 0.693147180559945309f
 
 static inline int64_t fa_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 

@@ -204,7 +204,7 @@ __device__ __forceinline__ int64_t row_off(const SeqView &sv, bool keys, int64_t
 /* Di = rowsum(dO o O), lse2, zeroed dQ accumulator; one warp per row. */
 template <typename T, int DP>
 __global__ void __launch_bounds__(256) bwd_prep_kernel(const BwdArgs p) {
-  constexpr float LOG2E = 1.4426950408889634f;
+  constexpr float LOG2E = FA_LOG2E;
   const int b = blockIdx.z, h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const SeqView sv = seq_view(p, b);
 #pragma unroll 1
@@ -452,7 +452,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) flash_bwd_kv_kernel(const BwdAr
     /* P^T and dS^T, in place of S^T and dP^T. Element (nt, e): key
      * c0 + kw0 + g + 8 (e / 2), query r + qw0 + nt * 8 + 2 t + e % 2. */
     const float slope_log2 =
-        XF && p.alibi ? p.alibi[(int64_t)b * p.alibi_sb + h] * 1.4426950408889634f : 0.f;
+        XF && p.alibi ? p.alibi[(int64_t)b * p.alibi_sb + h] * FA_LOG2E : 0.f;
 #pragma unroll
     for (int nt = 0; nt < QW / 8; ++nt) {
       const int ql = qw0 + nt * 8 + 2 * t;
@@ -648,7 +648,7 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_bwd_dq_kernel(cons
     di[hr] = row < nq ? p.dsum[idx] : 0.f;
   }
   const float slope_log2 =
-      XF && p.alibi ? p.alibi[(int64_t)b * p.alibi_sb + h] * 1.4426950408889634f : 0.f;
+      XF && p.alibi ? p.alibi[(int64_t)b * p.alibi_sb + h] * FA_LOG2E : 0.f;
 
   const int a_row = lane & 15, a_col = (lane >> 4) * 8;
   const int b_row = (lane & 7) + ((lane >> 4) << 3), b_col = ((lane >> 3) & 1) * 8;

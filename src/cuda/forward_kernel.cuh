@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "backend.h"
+#include "common/log2.h"
 #include "common/mask.h"
 #include "common/philox.h"
 #include "extension.cuh"
@@ -328,7 +329,7 @@ template <typename T, int D, int MT, int NW, int BC, bool QREG, bool XF, bool EX
 __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const FwdArgs p) {
   static_assert(!EXT || XF, "EXT kernels take the general score path");
   constexpr int BR = 16 * MT * NW, NT = NW * 32, LD = D + 8;
-  constexpr float LOG2E = 1.4426950408889634f;
+  constexpr float LOG2E = FA_LOG2E;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *sQ = reinterpret_cast<T *>(smem_raw);
   T *sK = sQ + BR * LD;

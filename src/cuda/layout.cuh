@@ -44,7 +44,7 @@ inline void fill_common_args(AttnArgs &a, const fa_problem *pb) {
   a.d = (int)pb->headdim;
   a.max_seqlen_q = (int)pb->max_seqlen_q;
   a.total_q = pb->total_q;
-  const float log2e = 1.4426950408889634f;
+  const float log2e = FA_LOG2E;
   a.scale_log2 = pb->scale * log2e;
   a.cap_log2 = pr->softcap > 0 ? pr->softcap * log2e : 0.f;
   a.scale_over_cap = pr->softcap > 0 ? pb->scale / pr->softcap : 0.f;

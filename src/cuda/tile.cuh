@@ -12,6 +12,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "common/log2.h"
+
 namespace fa {
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {
@@ -148,7 +150,7 @@ __device__ __forceinline__ float online_rescale(float &m, float tile_max, float 
  * natural-log log-sum-exp (-inf for a fully masked row). */
 __device__ __forceinline__ float online_finish(float m, float l_partial, float *lse) {
   const float l = quad_sum(l_partial);
-  *lse = l > 0.f ? (m + __log2f(l)) * 0.69314718055994531f : -INFINITY;
+  *lse = l > 0.f ? (m + __log2f(l)) * FA_LN2 : -INFINITY;
   return l > 0.f ? 1.f / l : 0.f;
 }
 

@@ -7,7 +7,8 @@
 #   memcheck and racecheck on test_cuda --small (--no-race skips them),
 # then the timings of base and each variant: tools/bench_sdpa.py --only-ours
 # BENCH_ARGS (--no-bench skips it), once with the peers (base) with --peers, and
-# tools/gpu-sparse.sh for the libraries named by --sparse=NAME,NAME. Logs go to $OUT.
+# tools/gpu-sparse.sh for the libraries named by --sparse=NAME,NAME. Logs go to $OUT,
+# as one ab-logs.tgz at the end.
 # Usage: tools/gpu-ab.sh --prebuilt=TARBALL --variants=TARBALL [--no-test] [--no-race]
 #          [--no-bench] [--sparse=NAMES] [--peers] [-- BENCH_ARGS...]
 set -uo pipefail
@@ -73,5 +74,6 @@ if [ -n "$sparse" ]; then
     tools/gpu-sparse.sh 2>&1 | tail -40
   done
 fi
+( cd "$OUT" && ls ./*.log >/dev/null 2>&1 && tar czf ab-logs.tgz ./*.log && rm -f ./*.log )
 stamp "done (status $status)"
 exit $status

@@ -4,7 +4,7 @@
 # CPU oracle, runs compute-sanitizer memcheck and racecheck on test_cuda
 # --small, then the benchmark against PyTorch SDPA (tools/bench_sdpa.py), table
 # last. Logs and JSON go to $OUT (the device tool's output folder) or
-# build-gpu/out.
+# build-gpu/out; the *.log files end up in one $OUT/logs.tgz.
 # Usage: tools/gpu-check.sh [--no-test] [--no-sanitize] [--no-bench] [--quick-bench]
 #          [--fwd-only | --bwd-only] [--no-mem] [--tune NAME=FLAGS]... [--experiments]
 #          [--prebuilt=TARBALL] [--build-only]
@@ -117,6 +117,8 @@ if [ $run_exp = 1 ]; then
     --out "$OUT/gpu" >"$OUT/experiments.log" 2>&1 || status=1
   grep -E "meta|done|failed|io |blocks" "$OUT/experiments.log" | cut -c1-400
 fi
+# the device tool returns a few files from $OUT: the logs go back as one
+( cd "$OUT" && ls ./*.log >/dev/null 2>&1 && tar czf logs.tgz ./*.log && rm -f ./*.log )
 stamp "done (status $status)"
 [ $run_bench = 1 ] && cat "$OUT/bench_sdpa.txt"
 exit $status

@@ -95,22 +95,29 @@ class Ours:
         p.stream = torch.cuda.current_stream().cuda_stream
         return p
 
+    def workspace(self, pass_, p, tq, tk, tv, q):
+        """A torch buffer of the bytes fa_workspace_size asks for the pass (0 forward, 1
+        backward), set in p (so it counts in peak memory), or None. The flash forward
+        needs a few bytes on CUDA (the Hopper kernel's block counter): without them the
+        library would allocate and free a workspace inside every timed call."""
+        nb = C.c_size_t(0)
+        st = self.lib.fa_workspace_size(pass_, C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
+                                        C.byref(nb))
+        if st:
+            raise RuntimeError(self.lib.fa_last_error().decode())
+        if not nb.value:
+            return None
+        ws = torch.empty(nb.value, dtype=torch.uint8, device=q.device)
+        p.workspace, p.workspace_bytes = ws.data_ptr(), nb.value
+        return ws
+
     def forward(self, q, k, v, causal, algorithm=FA_FLASH2, out=None):
         B, H, N, D = q.shape
         o = torch.empty_like(q) if out is None else out
         lse = torch.empty(B * H * N, dtype=torch.float32, device=q.device)
         p = self.params(causal, algorithm)
         tq, tk, tv, to = self.desc(q), self.desc(k), self.desc(v), self.desc(o)
-        ws = None
-        if algorithm != FA_FLASH2:
-            nb = C.c_size_t(0)
-            st = self.lib.fa_workspace_size(0, C.byref(p), C.byref(tq), C.byref(tk),
-                                            C.byref(tv), C.byref(nb))
-            if st:
-                raise RuntimeError(self.lib.fa_last_error().decode())
-            if nb.value:
-                ws = torch.empty(nb.value, dtype=torch.uint8, device=q.device)
-                p.workspace, p.workspace_bytes = ws.data_ptr(), nb.value
+        ws = self.workspace(0, p, tq, tk, tv, q)  # kept alive until the call returns
         st = self.lib.fa_forward(C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
                                  C.byref(to), C.c_void_p(lse.data_ptr()))
         if st:
@@ -119,9 +126,10 @@ class Ours:
 
     def forward_lse(self, q, k, v, causal, o, lse):
         p = self.params(causal)
-        st = self.lib.fa_forward(C.byref(p), C.byref(self.desc(q)), C.byref(self.desc(k)),
-                                 C.byref(self.desc(v)), C.byref(self.desc(o)),
-                                 C.c_void_p(lse.data_ptr()))
+        tq, tk, tv = self.desc(q), self.desc(k), self.desc(v)
+        ws = self.workspace(0, p, tq, tk, tv, q)  # kept alive until the call returns
+        st = self.lib.fa_forward(C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
+                                 C.byref(self.desc(o)), C.c_void_p(lse.data_ptr()))
         if st:
             raise RuntimeError("fa_forward: %d: %s" % (st, self.lib.fa_last_error().decode()))
 
@@ -133,13 +141,7 @@ class Ours:
         t = [self.desc(x) for x in (q, k, v, o, do)]
         grads = [torch.empty_like(x) for x in (q, k, v)]
         tg = [self.desc(x) for x in grads]
-        nb = C.c_size_t(0)
-        st = self.lib.fa_workspace_size(1, C.byref(p), C.byref(t[0]), C.byref(t[1]),
-                                        C.byref(t[2]), C.byref(nb))
-        if st:
-            raise RuntimeError(self.lib.fa_last_error().decode())
-        ws = torch.empty(max(nb.value, 1), dtype=torch.uint8, device=q.device)
-        p.workspace, p.workspace_bytes = ws.data_ptr(), nb.value
+        ws = self.workspace(1, p, t[0], t[1], t[2], q)
         lp = C.c_void_p(lse.data_ptr())
 
         def fn():

@@ -160,10 +160,6 @@ def check_qkv(A, q, k, v, varlen):
     return dt, dev
 
 
-def check_strides(A, x, name):
-    _check_strides(A.strides(x), A.shape(x), name)
-
-
 def _check_strides(st, shape, name):
     if shape[-1] > 1 and st[-1] != 1:
         raise ValueError("%s: the last dimension (headdim) must be contiguous (stride 1), "

@@ -22,7 +22,8 @@ namespace {
 size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 size_t rows_bytes(const fa_problem *pb) {
-  return round256(((size_t)pb->heads_q * (size_t)pb->total_q + fa::sm90::kRowSpare) * sizeof(float));
+  return round256(((size_t)pb->heads_q * (size_t)pb->total_q + fa::sm90::kRowSpare) *
+                  sizeof(float));
 }
 
 template <typename T>
@@ -33,7 +34,8 @@ fa_status bwd_dispatch(const fa::BwdArgs &a, cudaStream_t s) {
     if (st != FA_ERR_UNSUPPORTED || fa::sm90_strict()) return st; /* else TMA cannot map it */
   }
 #endif
-  return fa::dispatch_headdim(a.d, [&](auto dp) { return fa::flash_bwd_launch<T, decltype(dp)::value>(a, s); });
+  return fa::dispatch_headdim(
+      a.d, [&](auto dp) { return fa::flash_bwd_launch<T, decltype(dp)::value>(a, s); });
 }
 
 }  // namespace

@@ -554,8 +554,8 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
     }
   };
   for (; n >= n_begin; n = n_next) {
-    const bool some = EXT && cls == kTileSome;
     const int c0 = n * BC;
+    const bool some = EXT && cls == kTileSome;
     if (some || c0 + BC > nk || c0 < lo_max || c0 + BC > hi_min)
       step(n, std::true_type(), some);
     else

@@ -134,7 +134,7 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
   volatile int *slot =
       reinterpret_cast<volatile int *>(smem_raw + (sQ + L::SLOTS - smem_addr(smem_raw)));
   struct Block {
-    int b, h, r0, rows, n_begin, n_end;
+    int b, h, r0, rows;
     SeqView sv;
     fa_mask mk;
     KeyTiles kt;
@@ -150,8 +150,6 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
     k.mk =
         fa_mask_make(k.sv.nq, k.sv.nk, p.causal, p.window_enabled, p.window_left, p.window_right);
     k.kt = key_tiles<BC>(k.mk, k.r0, k.rows);
-    k.n_begin = k.kt.n_begin;
-    k.n_end = k.kt.n_end;
     return true;
   };
   /* Key tiles a block mask (blocks a multiple of the tile, sm90_forward_covers)
@@ -159,7 +157,7 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
   auto tile_skip = [&](const Block &k) {
     return [&](int i) {
       return p.bmask && !__ldg(bmask_head(p, k.b, k.h) + (int64_t)(k.r0 / p.bm_q) * p.bm_sr +
-                               (k.n_end - 1 - i) * BC / p.bm_k);
+                               (k.kt.n_end - 1 - i) * BC / p.bm_k);
     };
   };
 
@@ -190,8 +188,8 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
         }
         if (!more) break;
         const int hk = k.h / p.group, krow = (int)k.sv.k0, kb = (int)k.sv.kb;
-        for_each_live(k.n_end - k.n_begin, tile_skip(k), [&](int kk) {
-          const int n = k.n_end - 1 - kk, st = i % ST, ph = (i / ST) & 1;
+        for_each_live(k.kt.n_end - k.kt.n_begin, tile_skip(k), [&](int kk) {
+          const int n = k.kt.n_end - 1 - kk, st = i % ST, ph = (i / ST) & 1;
           ++i;
           if (tid != 0) return;
           mbar_wait(k_empty(st), ph ^ 1);
@@ -278,8 +276,8 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
       reg_fence(pa);
       if (lane == 0) mbar_arrive(v_empty(st));
     };
-    for_each_live(k.n_end - k.n_begin, tile_skip(k), [&](int kk) {
-      const int n = k.n_end - 1 - kk;
+    for_each_live(k.kt.n_end - k.kt.n_begin, tile_skip(k), [&](int kk) {
+      const int n = k.kt.n_end - 1 - kk;
       mbar_wait(k_full(i % ST), (i / ST) & 1);
       step(n, i++, k.kt.masked(n * BC, BC, k.sv.nk));
     });

@@ -34,7 +34,7 @@ done
 [ -n "$prebuilt" ] && [ -n "$variants" ] || { echo "need --prebuilt= and --variants=" >&2; exit 2; }
 t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
-rm -rf build-gpu ab && tar xzf "$prebuilt" && mkdir ab && tar xzf "$variants" -C ab || exit 1
+rm -rf build-gpu ab && tar xzf "$prebuilt" && mkdir ab && tar xf "$variants" -C ab || exit 1
 mkdir -p ab/base && cp -a build-gpu/libflashattn.so* ab/base/
 names=(base $(cd ab && ls -d */ | tr -d / | grep -vx base))
 status=0

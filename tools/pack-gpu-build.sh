@@ -8,7 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/build-gpu-pack} tools/gpu-check.sh --build-only # the GPU run's own build
 mkdir -p .gpu
-grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
+ex=$(git rev-parse --git-path info/exclude) # a worktree's .git is a file
+mkdir -p "$(dirname "$ex")"
+grep -qx '/.gpu/' "$ex" 2>/dev/null || echo '/.gpu/' >>"$ex"
 tmp=$(mktemp -d)
 mkdir -p "$tmp/build-gpu/bin"
 cp -a build-gpu/libflashattn.so* "$tmp/build-gpu/"

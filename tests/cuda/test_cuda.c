@@ -291,12 +291,20 @@ static void check_backward(const fwd_state *f) {
       if (i < 5) tg[i].t.data = dg[i];
     }
     const int nk_rows = c->nseq ? f->NK : c->nk;
-    /* default mode: library-allocated workspace */
+    /* default mode, with a caller workspace poisoned like the outputs (NaN):
+     * whatever the kernels read of it they must have written first */
+    fa_params pa = *f->pgpu;
+    size_t wsz = 0, wsz_atomic = 0;
+    st = fa_workspace_size(FA_PASS_BACKWARD, &pa, &tg[0].t, &tg[1].t, &tg[2].t, &wsz_atomic);
+    void *ws_atomic = st == FA_OK ? dev_poisoned(wsz_atomic) : NULL;
+    pa.workspace = ws_atomic, pa.workspace_bytes = wsz_atomic;
     for (int i = 0; i < 3; i++) gout[i] = dev_poisoned(gt[i]->n * 2);
     tg[5].t.data = gout[0], tg[6].t.data = gout[1], tg[7].t.data = gout[2];
-    st = fa_backward(f->pgpu, &tg[0].t, &tg[1].t, &tg[2].t, &tg[3].t, &tg[4].t, f->ldv, &tg[5].t,
-                     &tg[6].t, &tg[7].t);
+    if (st == FA_OK)
+      st = fa_backward(&pa, &tg[0].t, &tg[1].t, &tg[2].t, &tg[3].t, &tg[4].t, f->ldv, &tg[5].t,
+                       &tg[6].t, &tg[7].t);
     CK(cudaDeviceSynchronize());
+    cudaFree(ws_atomic);
     errs e[3];
     if (st != FA_OK) {
       printf("FAIL %s: fa_backward (cuda): %s\n", c->name, fa_last_error());
@@ -308,16 +316,10 @@ static void check_backward(const fwd_state *f) {
       e[2] = compare(c, v, c->Hk, nk_rows, f->NK, dref[2], dgpu[2], dlp[2]);
       report_bwd(c, "atomic", e, 1, "");
     }
-    /* deterministic mode, twice, with a caller-provided workspace */
+    /* deterministic mode, twice, with a library-allocated workspace */
     fa_params pd = *f->pgpu;
     pd.deterministic = 1;
-    size_t wsz = 0, wsz_atomic = 0;
     st = fa_workspace_size(FA_PASS_BACKWARD, &pd, &tg[0].t, &tg[1].t, &tg[2].t, &wsz);
-    if (st == FA_OK)
-      st = fa_workspace_size(FA_PASS_BACKWARD, f->pgpu, &tg[0].t, &tg[1].t, &tg[2].t, &wsz_atomic);
-    void *ws = NULL;
-    CK(cudaMalloc(&ws, wsz ? wsz : 1));
-    pd.workspace = ws, pd.workspace_bytes = wsz;
     for (int run = 0; run < 2 && st == FA_OK; run++) {
       for (int i = 0; i < 3; i++) det[run][i] = dev_poisoned(gt[i]->n * 2);
       tg[5].t.data = det[run][0], tg[6].t.data = det[run][1], tg[7].t.data = det[run][2];
@@ -349,7 +351,6 @@ static void check_backward(const fwd_state *f) {
       for (int run = 0; run < 2; run++)
         for (int i = 0; i < 3; i++) cudaFree(det[run][i]);
     }
-    cudaFree(ws);
     for (int i = 0; i < 3; i++) cudaFree(gout[i]);
     cudaFree(dodv);
   }

@@ -45,7 +45,7 @@ struct BwdShape {
   static constexpr int DS_BUFS = SHARED_DQ ? 2 : 1;
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
   static_assert(regs_split_fits(NWG + 1, PRODUCER_REGS, CONSUMER_REGS), "registers fit");
-  static_assert(BR <= kRowSpare, "lse2/Di loads of a tile stay in the workspace");
+  static_assert(BR <= kBwdRowSpare, "lse2/Di loads of a tile stay in the workspace");
 };
 
 struct BwdParams {
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
 #pragma unroll
       for (int j = 2 * kk; j < 2 * kk + 2; ++j) {
         /* unpredicated (13% faster than qi < nq ? load : inf): rows past nq
-         * read the next head's values or the kRowSpare floats (backward.cu) */
+         * read the next head's values or the kBwdRowSpare floats (backward.cu) */
         const float *l2 = p.lse2 + sv.lse0 + h * sv.lse_hs + r + j * 8 + 2 * t;
         const float *dr = p.dsum + sv.lse0 + h * sv.lse_hs + r + j * 8 + 2 * t;
         const float l2v[2] = {__ldg(l2), __ldg(l2 + 1)}, div[2] = {__ldg(dr), __ldg(dr + 1)};

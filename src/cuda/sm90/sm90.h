@@ -35,9 +35,6 @@ template <typename T>
 fa_status sm90_backward(const BwdArgs &a, cudaStream_t s);
 
 namespace sm90 {
-/* Floats the backward workspace keeps past its Di and lse2 parts: the Hopper
- * backward loads a whole query tile of them unpredicated. */
-constexpr int kRowSpare = 128;
 /* Tensor map of a (batch, seqlen, heads, d) 16-bit tensor with element strides
  * sb, ss, sh: boxes of 64 columns x box_rows rows, 128-byte swizzle (the SW128
  * tile layout of wgmma.cuh), zeros outside the tensor. FA_ERR_UNSUPPORTED when

@@ -37,6 +37,8 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=$cuda >/dev/null
 cmake --build build -j"$jobs"
 echo "== test suite (release)"
 ./build/bin/test_flashattn
+echo "== test suite (release, AVX2 CPU kernels where the default is their AVX-512VL build)"
+FLASHATTN_CPU_ISA=avx2 ./build/bin/test_flashattn --quick
 echo "== test suite (release, portable CPU kernels instead of AVX2)"
 FLASHATTN_CPU_ISA=portable ./build/bin/test_flashattn --quick
 echo "== install, then build the README's example against it (pkg-config, find_package)"

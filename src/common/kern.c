@@ -1,4 +1,7 @@
-/* Run-time choice between the AVX2 and the portable kernels (kern.h). */
+/* Run-time choice between the x86 and the portable kernels (kern.h):
+ * AVX-512F/VL encodings of the AVX2 kernels where the CPU has them, else
+ * AVX2/FMA/F16C, else portable C. FLASHATTN_CPU_ISA=avx2 or portable picks a
+ * lower one (tests run every table the machine can). */
 #include "common/kern.h"
 
 #include <stdlib.h>
@@ -9,9 +12,12 @@ static const fa_kern *kern_pick(void) {
   if (want && strcmp(want, "portable") == 0) return &fa_kern_portable;
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (fa_kern_avx2.gemm && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c"))
-    return &fa_kern_avx2;
+  const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                   __builtin_cpu_supports("f16c");
+  if (fa_kern_avx512vl.gemm && avx2 && __builtin_cpu_supports("avx512f") &&
+      __builtin_cpu_supports("avx512vl") && !(want && strcmp(want, "avx2") == 0))
+    return &fa_kern_avx512vl;
+  if (fa_kern_avx2.gemm && avx2) return &fa_kern_avx2;
 #endif
   return &fa_kern_portable;
 }

@@ -1,9 +1,11 @@
 /* Vectorised float32 kernels of the CPU backends (flash and standard): a
  * register-blocked matrix product, online softmax, exp, and tile loaders that
  * convert f16/bf16 on the way. One body (kern_body.h) over an 8-wide vector
- * abstraction is compiled twice: with AVX2/FMA/F16C (kern_avx2.c, x86-64
- * only) and in portable C (kern_portable.c); fa_kern_get() picks one at run
- * time. FLASHATTN_CPU_ISA=portable|avx2 (read once) forces a choice. */
+ * abstraction is compiled three times: with AVX2/FMA/F16C intrinsics
+ * (kern_x86.h) as such (kern_avx2.c) and with AVX-512F/VL encodings
+ * (kern_avx512vl.c), x86-64 only, and in portable C (kern_portable.c);
+ * fa_kern_get() picks one at run time. FLASHATTN_CPU_ISA=portable|avx2 (read
+ * once) forces a lower one. */
 #ifndef FA_COMMON_KERN_H
 #define FA_COMMON_KERN_H
 
@@ -126,7 +128,7 @@ typedef struct fa_kern {
 
 const fa_kern *fa_kern_get(void);
 
-/* Both tables; .gemm is NULL in the AVX2 one where it was not compiled in. */
-extern const fa_kern fa_kern_avx2, fa_kern_portable;
+/* The tables; .gemm is NULL in an x86 one where it was not compiled in. */
+extern const fa_kern fa_kern_avx512vl, fa_kern_avx2, fa_kern_portable;
 
 #endif

@@ -1,9 +1,7 @@
 /* CUDA backend, backward pass: FlashAttention-2 (backward_kernel.cuh).
  * Asynchronous on params->stream, allocates nothing. Workspace, in order
  * (each part rounded up to 256 bytes):
- *   Di      heads_q * total_q + kBwdRowSpare floats (lse layout; the spare,
- *           zeroed by the first launch, because the Hopper kernel loads whole
- *           query tiles)
+ *   Di      heads_q * total_q floats (lse layout)
  *   lse2    as many floats (lse * log2 e)
  *   dQ acc  heads_q * total_q * Dp floats, Dp the padded head dim (32, 64, 96,
  *           128, 192 or 256); not with params.deterministic, whose dQ kernel
@@ -23,7 +21,7 @@ namespace {
 size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 size_t rows_bytes(const fa_problem *pb) {
-  return round256(((size_t)pb->heads_q * (size_t)pb->total_q + fa::kBwdRowSpare) * sizeof(float));
+  return round256((size_t)pb->heads_q * (size_t)pb->total_q * sizeof(float));
 }
 
 template <typename T>

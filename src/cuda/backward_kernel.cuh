@@ -194,9 +194,6 @@ struct BwdTraits<256> {
 
 /* Rows per block of the row-wise kernels (prep, convert): 8 warps x 4 rows. */
 constexpr int kBwdRowsPerBlock = 32;
-/* Floats the backward workspace keeps past its Di and lse2 parts: the Hopper
- * backward loads a whole query tile of them unpredicated. */
-constexpr int kBwdRowSpare = 128;
 
 /* Element offset of row `row` of head h in a strided tensor of this sequence. */
 __device__ __forceinline__ int64_t row_off(const SeqView &sv, bool keys, int64_t sb, int64_t ss,
@@ -204,16 +201,11 @@ __device__ __forceinline__ int64_t row_off(const SeqView &sv, bool keys, int64_t
   return (keys ? sv.kb : sv.qb) * sb + ((keys ? sv.k0 : sv.q0) + row) * ss + h * sh;
 }
 
-/* Di = rowsum(dO o O), lse2, zeroed dQ accumulator; one warp per row. The
- * first block also zeroes the spare floats past Di: the Hopper kernel reads
- * them for rows past the last sequence's end, where P = 0, and 0 * (dP - Di)
- * must not meet a NaN left in the caller's workspace. */
+/* Di = rowsum(dO o O), lse2, zeroed dQ accumulator; one warp per row. */
 template <typename T, int DP>
 __global__ void __launch_bounds__(256) bwd_prep_kernel(const BwdArgs p) {
   constexpr float LOG2E = FA_LOG2E;
   const int b = blockIdx.z, h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if ((blockIdx.x | blockIdx.y | blockIdx.z) == 0 && threadIdx.x < kBwdRowSpare)
-    p.dsum[(int64_t)p.heads_q * p.total_q + threadIdx.x] = 0.f;
   const SeqView sv = seq_view(p, b);
 #pragma unroll 1
   for (int i = 0; i < kBwdRowsPerBlock / 8; ++i) {

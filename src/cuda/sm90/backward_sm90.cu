@@ -6,7 +6,8 @@
  * A thread block owns BC = 128 keys of one (K/V head, sequence): warpgroup 0
  * is the producer (one thread: K and V once, then Q_i and dO_i tiles of BR
  * rows through an ST-deep ring, for every query head of the GQA group and
- * every query block that sees the keys); warpgroups 1 and 2 each own 64 keys
+ * every query block that sees the keys; its warp puts each tile's lse2 and
+ * Di rows beside them); warpgroups 1 and 2 each own 64 keys
  * and keep dK, dV in float32 registers. Per query tile, each consumer:
  *   S^T = K Q_i^T, dP^T = V dO_i^T        wgmma SS (K-major operands)
  *   P^T = exp2(S^T scale log2e - lse2),  dS^T = P^T o (dP^T - Di)   registers
@@ -45,7 +46,6 @@ struct BwdShape {
   static constexpr int DS_BUFS = SHARED_DQ ? 2 : 1;
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
   static_assert(regs_split_fits(NWG + 1, PRODUCER_REGS, CONSUMER_REGS), "registers fit");
-  static_assert(BR <= kBwdRowSpare, "lse2/Di loads of a tile stay in the workspace");
 };
 
 struct BwdParams {
@@ -62,7 +62,9 @@ struct BwdSmem {
   static constexpr uint32_t DS0 = DO0 + S::ST * QBYTES, DSBYTES = 64 * S::BR * 2;
   /* per warpgroup: the 64 x D float32 dQ rows it reduces */
   static constexpr uint32_t DQ0 = DS0 + S::DS_BUFS * S::NWG * DSBYTES, DQBYTES = 64 * D * 4;
-  static constexpr uint32_t BARS = DQ0 + S::NWG * DQBYTES;
+  /* per stage: the tile's lse2 and Di rows (BR floats each), next to its Q and dO */
+  static constexpr uint32_t LSE0 = DQ0 + S::NWG * DQBYTES, LSEBYTES = 2 * S::BR * 4;
+  static constexpr uint32_t BARS = LSE0 + S::ST * LSEBYTES;
   /* barriers: kv_full, q_full[ST], q_empty[ST]; 1 KB to align the base */
   static constexpr size_t BYTES = BARS + 8 * (1 + 2 * S::ST) + 1024;
 };
@@ -130,8 +132,8 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   if (tid == 0) {
     mbar_init(kv_full, 1);
     for (int st = 0; st < ST; ++st) {
-      mbar_init(q_full(st), 1);
-      mbar_init(q_empty(st), NC / 32); /* one arrival per consumer warp */
+      mbar_init(q_full(st), 1 + 32); /* the copies' expect_tx, then each producer lane */
+      mbar_init(q_empty(st), NC);    /* every consumer thread: each read the lse rows */
     }
     mbar_init_fence();
   }
@@ -148,14 +150,31 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
       }
       int i = 0;
       for_each_live(steps, skip, [&](int s) {
-        const int h = hk * p.group + s / nm, qrow = (int)sv.q0 + (m_begin + s % nm) * BR;
+        const int h = hk * p.group + s / nm, r = (m_begin + s % nm) * BR;
         const int st = i % ST, ph = (i / ST) & 1;
         ++i;
-        if (tid != 0) return;
         mbar_wait(q_empty(st), ph ^ 1);
-        mbar_expect_tx(q_full(st), 2 * L::QBYTES);
-        tma_load_tile<BR, D>(sK + L::Q0 + st * L::QBYTES, &P.tq, q_full(st), qrow, h, qb);
-        tma_load_tile<BR, D>(sK + L::DO0 + st * L::QBYTES, &P.tdo, q_full(st), qrow, h, qb);
+        if (tid == 0) {
+          mbar_expect_tx(q_full(st), 2 * L::QBYTES);
+          tma_load_tile<BR, D>(sK + L::Q0 + st * L::QBYTES, &P.tq, q_full(st), (int)sv.q0 + r, h,
+                               qb);
+          tma_load_tile<BR, D>(sK + L::DO0 + st * L::QBYTES, &P.tdo, q_full(st), (int)sv.q0 + r, h,
+                               qb);
+        }
+        /* The tile's lse2 and Di rows into the stage, +inf and 0 past the
+         * sequence's end (P = dS = 0 there): loaded here, a stage ahead, their
+         * latency is off the consumers' path (read from global after the S^T
+         * product, they were the largest stall: ncu, D = 128) */
+        float *sl = reinterpret_cast<float *>(smem_raw + (sK + L::LSE0 - smem_addr(smem_raw))) +
+                    st * 2 * BR;
+        const int64_t row = sv.lse0 + h * sv.lse_hs + r;
+#pragma unroll
+        for (int u = tid; u < BR; u += 32) {
+          const bool in = r + u < nq;
+          sl[u] = in ? __ldg(p.lse2 + row + u) : INFINITY;
+          sl[BR + u] = in ? __ldg(p.dsum + row + u) : 0.f;
+        }
+        mbar_arrive(q_full(st));
       });
     }
     return;
@@ -191,6 +210,9 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     const int st = i % ST;
     const int h = hk * p.group + s / nm, r = (m_begin + s % nm) * BR;
     const uint32_t q_st = sK + L::Q0 + st * L::QBYTES, do_st = sK + L::DO0 + st * L::QBYTES;
+    const float *sl =
+        reinterpret_cast<const float *>(smem_raw + (sK + L::LSE0 - smem_addr(smem_raw))) +
+        st * 2 * BR; /* this tile's lse2 and Di rows */
     float sa[BR / 8][4], dp[BR / 8][4];
     wg_fence();
 #pragma unroll
@@ -203,7 +225,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     wg_wait<0>();
     reg_fence(sa);
     reg_fence(dp);
-    if (masked) { /* invisible scores -> -inf, so P = 0 (and dS = 0) there */
+    if (masked) {         /* invisible scores -> -inf, so P = 0 (and dS = 0) there */
       int qlo[2], qhi[2]; /* rows that see this thread's two keys */
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
@@ -224,22 +246,18 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
 
     /* P^T and dS^T, rounded to A fragments 16 queries at a time (measured:
      * +8% at D = 128 over computing all of them first). Element (j, e): key
-     * c0 + kw + g + 8 (e / 2), query r + 8 j + 2 t + e % 2; rows past nq get
-     * lse2 = +inf, so P = 0 there. */
+     * c0 + kw + g + 8 (e / 2), query r + 8 j + 2 t + e % 2; rows past nq have
+     * lse2 = +inf in the stage, so P = 0 there. */
     uint32_t pa[BR / 16][4], da[BR / 16][4];
 #pragma unroll
     for (int kk = 0; kk < BR / 16; ++kk) {
 #pragma unroll
       for (int j = 2 * kk; j < 2 * kk + 2; ++j) {
-        /* unpredicated (13% faster than qi < nq ? load : inf): rows past nq
-         * read the next head's values or the kBwdRowSpare floats (backward.cu) */
-        const float *l2 = p.lse2 + sv.lse0 + h * sv.lse_hs + r + j * 8 + 2 * t;
-        const float *dr = p.dsum + sv.lse0 + h * sv.lse_hs + r + j * 8 + 2 * t;
-        const float l2v[2] = {__ldg(l2), __ldg(l2 + 1)}, div[2] = {__ldg(dr), __ldg(dr + 1)};
+        const float2 l2v = *reinterpret_cast<const float2 *>(sl + j * 8 + 2 * t);
+        const float2 div = *reinterpret_cast<const float2 *>(sl + BR + j * 8 + 2 * t);
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const int ql = j * 8 + 2 * t + c, qi = r + ql;
-          const float l2r = qi < nq ? l2v[c] : INFINITY, di = div[c];
+          const float l2r = c ? l2v.y : l2v.x, di = c ? div.y : div.x;
 #pragma unroll
           for (int hr = 0; hr < 2; ++hr) {
             const int e = 2 * hr + c;
@@ -284,7 +302,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     reg_fence(dk);
     reg_fence(pa);
     reg_fence(da);
-    if (lane == 0) mbar_arrive(q_empty(st)); /* done with Q_i, dO_i */
+    mbar_arrive(q_empty(st)); /* done with Q_i, dO_i and the lse rows */
 
     /* dQ_i (BR x D) += dS (BR x 64 keys) K (64 keys x D), 64 columns at a
      * time (with dK and dV live, all of D at once would not fit) */
@@ -414,8 +432,8 @@ extern "C" __attribute__((visibility("default"))) int fa_sm90_trace_dump(const c
   fprintf(f, "block,t0,t1,t2,t3,sm,steps\n");
   for (int i = 0; i < sm90::kTraceBlocks; ++i)
     if (h[i][0])
-      fprintf(f, "%d,%llu,%llu,%llu,%llu,%llu,%llu\n", i, h[i][0], h[i][1], h[i][2], h[i][3], h[i][4],
-              h[i][5]);
+      fprintf(f, "%d,%llu,%llu,%llu,%llu,%llu,%llu\n", i, h[i][0], h[i][1], h[i][2], h[i][3],
+              h[i][4], h[i][5]);
   fclose(f);
   return 0;
 }

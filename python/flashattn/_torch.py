@@ -337,6 +337,13 @@ def call(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask, opts):
 def backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask,
              opts):
     """The backward called directly (no autograd): returns (dq, dk, dv)."""
+    # before any dispatch: a tensor on another device (meta, say) would pick that
+    # device's kernel, and a non-tensor would fail on an attribute
+    for name, t in (("dout", dout), ("out", out), ("lse", lse)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("%s must be a torch.Tensor like q, got %s" % (name, type(t).__name__))
+        if t.device != q.device:
+            raise ValueError("%s must be on q's device (%s), got %s" % (name, q.device, t.device))
     args = (_unit_last_stride(dout), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
             alibi_slopes, block_mask, opts.softmax_scale, opts.causal, opts.window_enabled,
             opts.window_left, opts.window_right, opts.softcap, opts.dropout_p,

@@ -136,3 +136,19 @@ def test_cuda_tensor_without_cuda_backend():
     with pytest.raises(flashattn.FlashAttnError) as e:
         flashattn.flash_attn_func(q, k, v)
     assert e.value.status == flashattn.Status.ERR_UNSUPPORTED
+
+
+def test_backward_checks_dout_out_lse_first():
+    """A non-tensor or a tensor on another device (meta) is refused before dispatch: it used
+    to raise AttributeError, or to return the meta kernel's uninitialised gradients."""
+    q, k, v = _qkv()
+    out, lse, _ = flashattn.flash_attn_func(q, k, v, return_attn_probs=True)
+    dout = torch.randn_like(out)
+    with pytest.raises(TypeError, match="dout must be a torch.Tensor"):
+        flashattn.backward(dout.tolist(), q, k, v, out, lse)
+    with pytest.raises(ValueError, match="dout must be on q's device"):
+        flashattn.backward(dout.to("meta"), q, k, v, out, lse)
+    with pytest.raises(ValueError, match="lse must be on q's device"):
+        flashattn.backward(dout, q, k, v, out, lse.to("meta"))
+    dq, dk, dv = flashattn.backward(dout, q, k, v, out, lse)  # and the good call still works
+    assert torch.isfinite(dq).all() and dk.shape == k.shape and dv.shape == v.shape

@@ -51,6 +51,12 @@ struct BwdShape {
 struct BwdParams {
   BwdArgs a;
   CUtensorMap tq, tk, tv, tdo;
+  /* fixed-length batches: the dQ accumulator as (sequence, head) matrices, so
+   * each tile's partial is staged 128-byte swizzled (conflict-free rows) and
+   * reduced as D / 32 boxes clipped at nq; varlen stages rows as they lie in
+   * global memory (8-way bank conflicts) for one 1-D reduce of the rows < nq */
+  CUtensorMap tdq;
+  int dq_boxes;
 };
 
 template <int D>
@@ -310,6 +316,8 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     named_sync(2 + wg, 128); /* the previous reduction has read the staging tile */
     const uint32_t ds_buf = ds_tile(i % S::DS_BUFS, 0) + (qw / 64) * 64 * 128;
     const uint32_t dq_lane = dq_wg + ((((ctid >> 5) & 3) * 16 + g) * D + 2 * t) * 4;
+    const uint32_t dq_row0 = dq_wg + (((ctid >> 5) & 3) * 16 + g) * 128 + (t & 1) * 8;
+    const bool boxes = P.dq_boxes;
 #pragma unroll
     for (int c = 0; c < D / 64; ++c) {
       float dq[8][4];
@@ -328,20 +336,33 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
 #pragma unroll
         for (int j = 0; j < 8; ++j)
           asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(
-                           dq_lane + (8 * hr * D + c * 64 + j * 8) * 4),
+                           boxes ? dq_row0 + (2 * c + j / 4) * 8192 + 8 * hr * 128 +
+                                       ((((j % 4) * 2 + (t >> 1)) ^ g) << 4)
+                                 : dq_lane + (8 * hr * D + c * 64 + j * 8) * 4),
                        "f"(dq[j][2 * hr]), "f"(dq[j][2 * hr + 1])
                        : "memory");
     }
     fence_proxy_async();
     named_sync(2 + wg, 128); /* the staging tile is complete */
     if (issuer && r + qw < nq) {
-      float *dst = p.dq_acc + (sv.lse0 + h * sv.lse_hs + r + qw) * D;
-      const uint32_t bytes = (uint32_t)min(64, nq - r - qw) * D * 4;
-      asm volatile(
-          "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-          "cp.async.bulk.commit_group;\n" ::"l"(dst),
-          "r"(dq_wg), "r"(bytes)
-          : "memory");
+      if (boxes) {
+#pragma unroll
+        for (int bx = 0; bx < D / 32; ++bx)
+          asm volatile(
+              "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, "
+              "%3}], [%4];\n" ::"l"(&P.tdq),
+              "r"(bx * 32), "r"(r + qw), "r"(b * p.heads_q + h), "r"(dq_wg + bx * 8192)
+              : "memory");
+        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+      } else {
+        float *dst = p.dq_acc + (sv.lse0 + h * sv.lse_hs + r + qw) * D;
+        const uint32_t bytes = (uint32_t)min(64, nq - r - qw) * D * 4;
+        asm volatile(
+            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+            "cp.async.bulk.commit_group;\n" ::"l"(dst),
+            "r"(dq_wg), "r"(bytes)
+            : "memory");
+      }
     }
   };
   int i = 0; /* visited steps so far: the ring's position */
@@ -407,6 +428,8 @@ fa_status bwd_launch(const BwdArgs &a, cudaStream_t stream) {
           FA_OK ||
       (st = make_map(&prm.tv, BF, a.v, a.d, a.nk, hk, nb, a.v_ss, a.v_sh, a.v_sb, S::BC)) != FA_OK)
     return st;
+  prm.dq_boxes = !a.cu_q && make_map_f32_rows(&prm.tdq, a.dq_acc, D, a.nq,
+                                               (int64_t)a.heads_q * a.batch, 64) == FA_OK;
   if ((st = bwd_rows_launch<T, D>(a, stream, false)) != FA_OK) return st;
   auto kernel = bwd_kv_kernel<T, D>;
   static bool attr_done = false;

@@ -51,6 +51,21 @@ fa_status make_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t s
   return FA_OK;
 }
 
+fa_status make_map_f32_rows(CUtensorMap *m, const float *base, int d, int64_t rows, int64_t mats,
+                            int box_rows) {
+  EncodeFn fn = encode_fn();
+  if (!fn) return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: cuTensorMapEncodeTiled is unavailable");
+  const cuuint64_t dims[3] = {(cuuint64_t)d, (cuuint64_t)rows, (cuuint64_t)mats};
+  const cuuint64_t strides[2] = {(cuuint64_t)d * 4, (cuuint64_t)(d * rows * 4)};
+  const cuuint32_t box[3] = {32, (cuuint32_t)box_rows, 1}, estr[3] = {1, 1, 1};
+  CUresult r = fn(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<float *>(base), dims, strides,
+                  box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: cuTensorMapEncodeTiled failed (%d)", (int)r);
+  return FA_OK;
+}
+
 int persistent_ctas(int64_t blocks) {
   static int sms[64]; /* per device; a race only repeats the query */
   int dev = 0;

@@ -429,7 +429,7 @@ fa_status bwd_launch(const BwdArgs &a, cudaStream_t stream) {
       (st = make_map(&prm.tv, BF, a.v, a.d, a.nk, hk, nb, a.v_ss, a.v_sh, a.v_sb, S::BC)) != FA_OK)
     return st;
   prm.dq_boxes = !a.cu_q && make_map_f32_rows(&prm.tdq, a.dq_acc, D, a.nq,
-                                               (int64_t)a.heads_q * a.batch, 64) == FA_OK;
+                                              (int64_t)a.heads_q * a.batch, 64) == FA_OK;
   if ((st = bwd_rows_launch<T, D>(a, stream, false)) != FA_OK) return st;
   auto kernel = bwd_kv_kernel<T, D>;
   static bool attr_done = false;

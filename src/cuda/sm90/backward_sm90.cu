@@ -52,9 +52,9 @@ struct BwdParams {
   BwdArgs a;
   CUtensorMap tq, tk, tv, tdo;
   /* fixed-length batches: the dQ accumulator as (sequence, head) matrices, so
-   * each tile's partial is staged 128-byte swizzled (conflict-free rows) and
+   * each tile's partial is staged 128-byte swizzled (2-way bank conflicts) and
    * reduced as D / 32 boxes clipped at nq; varlen stages rows as they lie in
-   * global memory (8-way bank conflicts) for one 1-D reduce of the rows < nq */
+   * global memory (8-way conflicts) for one 1-D reduce of the rows < nq */
   CUtensorMap tdq;
   int dq_boxes;
 };

@@ -21,45 +21,42 @@ enum { N_CHAINS = 12, LANES = 8 };
 typedef float (*fma_kernel)(int64_t iters, float seed);
 
 #ifdef BENCH_X86
-__attribute__((target("avx2,fma"))) static float fma_avx2(int64_t iters, float seed) {
-  const __m256 a = _mm256_set1_ps(0.9999999f), b = _mm256_set1_ps(1e-7f);
-#define DECL(j) __m256 acc##j = _mm256_set1_ps(seed + (float)(j));
-#define STEP(j) acc##j = _mm256_fmadd_ps(acc##j, a, b);
-#define SUM(j) s = _mm256_add_ps(s, acc##j);
-  CHAINS(DECL)
-  for (int64_t i = 0; i < iters; i++) {
-    CHAINS(STEP)
-  }
-  __m256 s = _mm256_setzero_ps();
-  CHAINS(SUM)
-  float out[LANES], r = 0;
-  _mm256_storeu_ps(out, s);
-  for (int l = 0; l < LANES; l++) r += out[l];
+/* The chains on one vector type: VT, with its intrinsics V(op) (_mm256_op,
+ * _mm512_op), defined around each use. */
+#define FMA_BODY                                                       \
+  const VT a = V(set1_ps)(0.9999999f), b = V(set1_ps)(1e-7f);          \
+  CHAINS(DECL)                                                         \
+  for (int64_t i = 0; i < iters; i++) {                                \
+    CHAINS(STEP)                                                       \
+  }                                                                    \
+  VT s = V(setzero_ps)();                                              \
+  CHAINS(SUM)                                                          \
+  float out[sizeof(VT) / sizeof(float)], r = 0;                        \
+  V(storeu_ps)(out, s);                                                \
+  for (size_t l = 0; l < sizeof(VT) / sizeof(float); l++) r += out[l]; \
   return r;
-#undef DECL
-#undef STEP
-#undef SUM
-}
+#define DECL(j) VT acc##j = V(set1_ps)(seed + (float)(j));
+#define STEP(j) acc##j = V(fmadd_ps)(acc##j, a, b);
+#define SUM(j) s = V(add_ps)(s, acc##j);
 
-/* The same with 16-lane AVX-512 vectors: the peak counts whichever of the two
- * is faster (equal where AVX-512 runs on 256-bit units, double where it has
- * 512-bit ones). */
-__attribute__((target("avx512f"))) static float fma_avx512(int64_t iters, float seed) {
-  const __m512 a = _mm512_set1_ps(0.9999999f), b = _mm512_set1_ps(1e-7f);
-#define DECL(j) __m512 acc##j = _mm512_set1_ps(seed + (float)(j));
-#define STEP(j) acc##j = _mm512_fmadd_ps(acc##j, a, b);
-#define SUM(j) s = _mm512_add_ps(s, acc##j);
-  CHAINS(DECL)
-  for (int64_t i = 0; i < iters; i++) {
-    CHAINS(STEP)
-  }
-  __m512 s = _mm512_setzero_ps();
-  CHAINS(SUM)
-  return _mm512_reduce_add_ps(s);
+#define VT __m256
+#define V(op) _mm256_##op
+__attribute__((target("avx2,fma"))) static float fma_avx2(int64_t iters, float seed) { FMA_BODY }
+#undef VT
+#undef V
+
+/* 16-lane AVX-512 vectors: the peak counts whichever of the two is faster
+ * (equal where AVX-512 runs on 256-bit units, double where it has 512-bit
+ * ones). */
+#define VT __m512
+#define V(op) _mm512_##op
+__attribute__((target("avx512f"))) static float fma_avx512(int64_t iters, float seed) { FMA_BODY }
+#undef VT
+#undef V
 #undef DECL
 #undef STEP
 #undef SUM
-}
+#undef FMA_BODY
 #endif
 
 /* Portable fallback: the same chains with GCC vector extensions. */

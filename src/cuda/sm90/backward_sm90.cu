@@ -114,6 +114,10 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   const uint32_t kv_full = sK + L::BARS;
   auto q_full = [&](int st) { return kv_full + 8 * (1 + st); };
   auto q_empty = [&](int st) { return kv_full + 8 * (1 + ST + st); };
+  /* stage st's lse2 row, then its Di row (BR floats each) */
+  auto lse_stage = [&](int st) {
+    return reinterpret_cast<float *>(smem_raw + (sK + L::LSE0 - smem_addr(smem_raw))) + st * 2 * BR;
+  };
 
   if (threadIdx.x == 0) FA_TRACE(0);
   const int b = blockIdx.z, hk = blockIdx.y;
@@ -171,8 +175,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
          * sequence's end (P = dS = 0 there): loaded here, a stage ahead, their
          * latency is off the consumers' path (read from global after the S^T
          * product, they were the largest stall: ncu, D = 128) */
-        float *sl = reinterpret_cast<float *>(smem_raw + (sK + L::LSE0 - smem_addr(smem_raw))) +
-                    st * 2 * BR;
+        float *sl = lse_stage(st);
         const int64_t row = sv.lse0 + h * sv.lse_hs + r;
 #pragma unroll
         for (int u = tid; u < BR; u += 32) {
@@ -216,9 +219,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     const int st = i % ST;
     const int h = hk * p.group + s / nm, r = (m_begin + s % nm) * BR;
     const uint32_t q_st = sK + L::Q0 + st * L::QBYTES, do_st = sK + L::DO0 + st * L::QBYTES;
-    const float *sl =
-        reinterpret_cast<const float *>(smem_raw + (sK + L::LSE0 - smem_addr(smem_raw))) +
-        st * 2 * BR; /* this tile's lse2 and Di rows */
+    const float *sl = lse_stage(st);
     float sa[BR / 8][4], dp[BR / 8][4];
     wg_fence();
 #pragma unroll

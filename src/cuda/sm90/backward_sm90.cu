@@ -12,12 +12,12 @@
  *   S^T = K Q_i^T, dP^T = V dO_i^T        wgmma SS (K-major operands)
  *   P^T = exp2(S^T scale log2e - lse2),  dS^T = P^T o (dP^T - Di)   registers
  *   dV += P^T dO_i, dK += dS^T Q_i        wgmma RS (Q, dO as MN-major B)
- *   dQ_i += dS K                          dS^T -> shared memory (SW128), wgmma
- *                                         SS with both operands MN-major over
- *                                         this warpgroup's 64 keys; the float32
- *                                         partial goes through shared memory to
- *                                         one bulk reduce-add (TMA) into the dQ
- *                                         accumulator, whose rows are contiguous
+ *   dQ_i += dS K                          both warpgroups' dS^T -> shared memory
+ *                                         (SW128); each warpgroup takes a 64 x 64
+ *                                         block of the tile's dQ over all BC keys
+ *                                         (wgmma SS, both operands MN-major) and
+ *                                         reduce-adds it (TMA, swizzled tensor
+ *                                         map) into the float32 dQ accumulator
  * (Element-wise float atomics for dQ halved the kernel's speed: 277 against
  * 538 TFLOP/s with them left out, D = 128 on an H200.)
  * Plain score path (block masks as in the forward), padded head dims 64 and
@@ -34,16 +34,20 @@ namespace fa {
 namespace sm90 {
 
 /* BR = 128 at D = 64: each step then carries twice the products for the
- * same waits and barriers, and dQ is split by query rows (SHARED_DQ: each
- * warpgroup reduces 64 rows over all BC keys, reading both warpgroups' dS^T,
- * double-buffered). At D = 128 the accumulators of 128 query rows do not fit
- * beside dK and dV: BR = 64 and each warpgroup reduces its own 64 keys'
- * partial dQ of the whole tile. */
+ * same waits and barriers. At D = 128 the accumulators of 128 query rows do
+ * not fit beside dK and dV: BR = 64. Either way the tile's dQ (BR x D) is
+ * 2 x 64 x 64: each warpgroup computes one 64 x 64 block over all BC keys,
+ * reading both warpgroups' dS^T (double-buffered): split by query rows at
+ * D = 64 (ROW_SPLIT), by columns of D at D = 128. The sum over the block's
+ * keys then happens inside the product, and a step reduces one BR x D tile
+ * into global memory, not one per warpgroup (which halved the reduce traffic
+ * and the staging stores at D = 128; docs/PERF.md). */
 template <int D>
 struct BwdShape {
   static constexpr int NWG = 2, BC = 64 * NWG, BR = D <= 64 ? 128 : 64, ST = 2;
-  static constexpr bool SHARED_DQ = BR == 64 * NWG;
-  static constexpr int DS_BUFS = SHARED_DQ ? 2 : 1;
+  static constexpr bool ROW_SPLIT = BR == 64 * NWG;
+  static_assert(BR * D == NWG * 64 * 64, "each warpgroup owns a 64 x 64 block of dQ");
+  static constexpr int DS_BUFS = 2;
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
   static_assert(regs_split_fits(NWG + 1, PRODUCER_REGS, CONSUMER_REGS), "registers fit");
 };
@@ -51,12 +55,13 @@ struct BwdShape {
 struct BwdParams {
   BwdArgs a;
   CUtensorMap tq, tk, tv, tdo;
-  /* fixed-length batches: the dQ accumulator as (sequence, head) matrices, so
-   * each tile's partial is staged 128-byte swizzled (2-way bank conflicts) and
-   * reduced as D / 32 boxes clipped at nq; varlen stages rows as they lie in
-   * global memory (8-way conflicts) for one 1-D reduce of the rows < nq */
+  /* the dQ accumulator as (D, rows, matrices): fixed-length batches
+   * (D, nq, heads * batch), so boxes clip at nq; varlen (D, total_q, heads),
+   * so boxes clip only at the packed end and a sequence's last tile adds its
+   * rows past nq, exact zeros (P = dS = 0 there), to the next sequence's.
+   * Partials are staged 128-byte swizzled (2-way bank conflicts) as 32-column
+   * boxes. */
   CUtensorMap tdq;
-  int dq_boxes;
 };
 
 template <int D>
@@ -66,8 +71,8 @@ struct BwdSmem {
   static constexpr uint32_t V0 = KBYTES, Q0 = 2 * KBYTES, DO0 = Q0 + S::ST * QBYTES;
   /* per buffer and warpgroup: dS^T of its 64 keys x BR queries */
   static constexpr uint32_t DS0 = DO0 + S::ST * QBYTES, DSBYTES = 64 * S::BR * 2;
-  /* per warpgroup: the 64 x D float32 dQ rows it reduces */
-  static constexpr uint32_t DQ0 = DS0 + S::DS_BUFS * S::NWG * DSBYTES, DQBYTES = 64 * D * 4;
+  /* per warpgroup: the 64 x 64 float32 dQ block it reduces, two 32-column boxes */
+  static constexpr uint32_t DQ0 = DS0 + S::DS_BUFS * S::NWG * DSBYTES, DQBYTES = 64 * 64 * 4;
   /* per stage: the tile's lse2 and Di rows (BR floats each), next to its Q and dO */
   static constexpr uint32_t LSE0 = DQ0 + S::NWG * DQBYTES, LSEBYTES = 2 * S::BR * 4;
   static constexpr uint32_t BARS = LSE0 + S::ST * LSEBYTES;
@@ -138,6 +143,11 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
                              (int64_t)((m_begin + s % nm) * BR / p.bm_q) * p.bm_sr);
   };
 
+  /* the dQ accumulator map's coordinates of this sequence's head h: row 0 at
+   * (dq_r0, dq_mat(h)) */
+  const int dq_r0 = p.cu_q ? (int)sv.q0 : 0;
+  auto dq_mat = [&](int h) { return p.cu_q ? h : b * p.heads_q + h; };
+
   const int tid = threadIdx.x;
   if (tid == 0) {
     mbar_init(kv_full, 1);
@@ -159,7 +169,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
         tma_load_tile<BC, D>(sK + L::V0, &P.tv, kv_full, krow, hk, kb);
       }
       int i = 0;
-      for_each_live(steps, skip, [&](int s) {
+      auto load = [&](int s) {
         const int h = hk * p.group + s / nm, r = (m_begin + s % nm) * BR;
         const int st = i % ST, ph = (i / ST) & 1;
         ++i;
@@ -170,6 +180,11 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
                                qb);
           tma_load_tile<BR, D>(sK + L::DO0 + st * L::QBYTES, &P.tdo, q_full(st), (int)sv.q0 + r, h,
                                qb);
+          /* the tile's dQ accumulator rows into L2 a step or two before the
+           * reduce-adds read them (with sparse masks they are not there yet) */
+          for (int rr = 0; rr < BR; rr += 64)
+            for (int cc = 0; cc < D; cc += 32)
+              tma_prefetch_3d(&P.tdq, cc, dq_r0 + r + rr, dq_mat(h));
         }
         /* The tile's lse2 and Di rows into the stage, +inf and 0 past the
          * sequence's end (P = dS = 0 there): loaded here, a stage ahead, their
@@ -184,7 +199,8 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
           sl[BR + u] = in ? __ldg(p.dsum + row + u) : 0.f;
         }
         mbar_arrive(q_full(st));
-      });
+      };
+      for_each_live(steps, skip, load);
     }
     return;
   }
@@ -197,9 +213,8 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   const uint32_t k_wg = sK + wg * 64 * 128, v_wg = sK + L::V0 + wg * 64 * 128;
   auto ds_tile = [&](int buf, int w) { return sK + L::DS0 + (buf * S::NWG + w) * L::DSBYTES; };
   const uint32_t dq_wg = sK + L::DQ0 + wg * L::DQBYTES;
-  /* dQ rows [qw, qw + 64) of the tile over keys [kq0, kq0 + KQ) of the block */
-  constexpr int KQ = S::SHARED_DQ ? BC : 64;
-  const int qw = S::SHARED_DQ ? wg * 64 : 0, kq0 = S::SHARED_DQ ? 0 : wg * 64;
+  /* dQ rows [qw, qw + 64), columns [dw, dw + 64) of the tile */
+  const int qw = S::ROW_SPLIT ? wg * 64 : 0, dw = S::ROW_SPLIT ? 0 : wg * 64;
   const bool issuer = (ctid & 127) == 0; /* issues this warpgroup's dQ reductions */
 
   float dk[D / 8][4], dv[D / 8][4];
@@ -286,8 +301,8 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
       wgmma_rs<T, D>(dk, da[kk], sw128_mnmajor(q_st, kk, BR * 128), 1);
     wg_commit();
     /* dS^T (this warpgroup's 64 keys x BR queries) -> SW128 tile for dQ.
-     * Double-buffered when shared: the other warpgroup read this buffer two
-     * steps ago and has passed the last step's barrier since. */
+     * Double-buffered: the other warpgroup read this buffer two steps ago and
+     * has passed the last step's barrier since. */
     const uint32_t ds_wg = ds_tile(i % S::DS_BUFS, wg);
     const int kr = kw - wg * 64 + g;
 #pragma unroll
@@ -300,10 +315,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
                      : "memory");
       }
     fence_proxy_async();
-    if constexpr (S::SHARED_DQ)
-      named_sync(1, NC); /* both warpgroups' dS^T are stored */
-    else
-      named_sync(2 + wg, 128); /* the warpgroup's dS^T is stored */
+    named_sync(1, NC); /* both warpgroups' dS^T are stored */
     wg_wait<0>();
     reg_fence(dv);
     reg_fence(dk);
@@ -311,59 +323,41 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     reg_fence(da);
     mbar_arrive(q_empty(st)); /* done with Q_i, dO_i and the lse rows */
 
-    /* dQ_i (BR x D) += dS (BR x 64 keys) K (64 keys x D), 64 columns at a
-     * time (with dK and dV live, all of D at once would not fit) */
+    /* dQ_i[qw.., dw..] (64 x 64) += dS[qw.., all BC keys] K[all keys, dw..] */
     if (issuer) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
     named_sync(2 + wg, 128); /* the previous reduction has read the staging tile */
     const uint32_t ds_buf = ds_tile(i % S::DS_BUFS, 0) + (qw / 64) * 64 * 128;
-    const uint32_t dq_lane = dq_wg + ((((ctid >> 5) & 3) * 16 + g) * D + 2 * t) * 4;
     const uint32_t dq_row0 = dq_wg + (((ctid >> 5) & 3) * 16 + g) * 128 + (t & 1) * 8;
-    const bool boxes = P.dq_boxes;
+    float dq[8][4];
+    wg_fence();
 #pragma unroll
-    for (int c = 0; c < D / 64; ++c) {
-      float dq[8][4];
-      wg_fence();
+    for (int kb = 0; kb < BC / 16; ++kb) /* key step in the block; dS^T tile kb / 4 */
+      wgmma_ss_mn<T, 64>(dq, sw128_mnmajor(ds_buf + (kb / 4) * L::DSBYTES, kb % 4, 64 * 128),
+                         sw128_mnmajor(sK + (dw / 64) * BC * 128, kb, BC * 128), kb > 0);
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(dq);
 #pragma unroll
-      for (int kk = 0; kk < KQ / 16; ++kk) {
-        const int kb = kq0 / 16 + kk; /* key step in the block; tile kb / 4 */
-        wgmma_ss_mn<T, 64>(dq, sw128_mnmajor(ds_buf + (kb / 4) * L::DSBYTES, kb % 4, 64 * 128),
-                           sw128_mnmajor(sK + c * BC * 128, kb, BC * 128), kk > 0);
-      }
-      wg_commit();
-      wg_wait<0>();
-      reg_fence(dq);
+    for (int hr = 0; hr < 2; ++hr)
 #pragma unroll
-      for (int hr = 0; hr < 2; ++hr)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(
-                           boxes ? dq_row0 + (2 * c + j / 4) * 8192 + 8 * hr * 128 +
-                                       ((((j % 4) * 2 + (t >> 1)) ^ g) << 4)
-                                 : dq_lane + (8 * hr * D + c * 64 + j * 8) * 4),
-                       "f"(dq[j][2 * hr]), "f"(dq[j][2 * hr + 1])
-                       : "memory");
-    }
+      for (int j = 0; j < 8; ++j)
+        asm volatile(
+            "st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dq_row0 + (j / 4) * 8192 + 8 * hr * 128 +
+                                                       ((((j % 4) * 2 + (t >> 1)) ^ g) << 4)),
+            "f"(dq[j][2 * hr]), "f"(dq[j][2 * hr + 1])
+            : "memory");
     fence_proxy_async();
     named_sync(2 + wg, 128); /* the staging tile is complete */
     if (issuer && r + qw < nq) {
-      if (boxes) {
+      const int mat = dq_mat(h);
 #pragma unroll
-        for (int bx = 0; bx < D / 32; ++bx)
-          asm volatile(
-              "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, "
-              "%3}], [%4];\n" ::"l"(&P.tdq),
-              "r"(bx * 32), "r"(r + qw), "r"(b * p.heads_q + h), "r"(dq_wg + bx * 8192)
-              : "memory");
-        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-      } else {
-        float *dst = p.dq_acc + (sv.lse0 + h * sv.lse_hs + r + qw) * D;
-        const uint32_t bytes = (uint32_t)min(64, nq - r - qw) * D * 4;
+      for (int bx = 0; bx < 2; ++bx)
         asm volatile(
-            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-            "cp.async.bulk.commit_group;\n" ::"l"(dst),
-            "r"(dq_wg), "r"(bytes)
+            "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, "
+            "%3}], [%4];\n" ::"l"(&P.tdq),
+            "r"(dw + bx * 32), "r"(dq_r0 + r + qw), "r"(mat), "r"(dq_wg + bx * 8192)
             : "memory");
-      }
+      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
     }
   };
   int i = 0; /* visited steps so far: the ring's position */
@@ -429,8 +423,10 @@ fa_status bwd_launch(const BwdArgs &a, cudaStream_t stream) {
           FA_OK ||
       (st = make_map(&prm.tv, BF, a.v, a.d, a.nk, hk, nb, a.v_ss, a.v_sh, a.v_sb, S::BC)) != FA_OK)
     return st;
-  prm.dq_boxes = !a.cu_q && make_map_f32_rows(&prm.tdq, a.dq_acc, D, a.nq,
-                                              (int64_t)a.heads_q * a.batch, 64) == FA_OK;
+  if ((st = a.cu_q ? make_map_f32_rows(&prm.tdq, a.dq_acc, D, a.total_q, a.heads_q, 64)
+                   : make_map_f32_rows(&prm.tdq, a.dq_acc, D, a.nq, (int64_t)a.heads_q * a.batch,
+                                       64)) != FA_OK)
+    return st;
   if ((st = bwd_rows_launch<T, D>(a, stream, false)) != FA_OK) return st;
   auto kernel = bwd_kv_kernel<T, D>;
   static bool attr_done = false;
@@ -445,11 +441,15 @@ fa_status bwd_launch(const BwdArgs &a, cudaStream_t stream) {
 }  // namespace sm90
 
 #ifdef FA_SM90_TRACE
-/* CSV of the last traced launch: block, entry, K/V ready, loop done, end (ns), SM, steps. */
+/* CSV of the last traced launch: block, entry, K/V ready, loop done, end (ns), SM, steps.
+ * Clears the record, so a smaller grid traced next shows only its own blocks. */
 extern "C" __attribute__((visibility("default"))) int fa_sm90_trace_dump(const char *path) {
   static unsigned long long h[sm90::kTraceBlocks][6];
+  void *dev = nullptr;
   if (cudaDeviceSynchronize() != cudaSuccess ||
-      cudaMemcpyFromSymbol(h, sm90::g_trace, sizeof h) != cudaSuccess)
+      cudaMemcpyFromSymbol(h, sm90::g_trace, sizeof h) != cudaSuccess ||
+      cudaGetSymbolAddress(&dev, sm90::g_trace) != cudaSuccess ||
+      cudaMemset(dev, 0, sizeof h) != cudaSuccess)
     return -1;
   FILE *f = fopen(path, "w");
   if (!f) return -1;

@@ -175,6 +175,13 @@ __device__ __forceinline__ void tma_load_tile(uint32_t dst, const void *map, uin
   for (int c = 0; c < D / 64; ++c)
     tma_load_4d(dst + c * ROWS * 128, map, bar, c * 64, row, head, batch);
 }
+/* One box of a 3-d tensor map into L2 only: a hint, with no completion to
+ * wait for; a box outside the tensor is dropped. */
+__device__ __forceinline__ void tma_prefetch_3d(const void *map, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(map),
+               "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
 /* Named barrier over `count` threads (id 0 is __syncthreads'). */
 __device__ __forceinline__ void named_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");

@@ -201,15 +201,26 @@ __device__ __forceinline__ int64_t row_off(const SeqView &sv, bool keys, int64_t
   return (keys ? sv.kb : sv.qb) * sb + ((keys ? sv.k0 : sv.q0) + row) * ss + h * sh;
 }
 
+/* Both row kernels walk their grid backwards, so that what one kernel
+ * touched last is what the next one starts with, still in L2: the prep
+ * kernel ends on the first sequence's first heads (their dO rows and zeroed dQ
+ * rows), where the kv kernel begins, and the convert kernel begins on the dQ
+ * rows the kv kernel reduced last (issue 7's sparse cases, whose dQ traffic
+ * does not shrink with density; docs/PERF.md). */
+__device__ __forceinline__ dim3 rows_block() {
+  return dim3(gridDim.x - 1 - blockIdx.x, gridDim.y - 1 - blockIdx.y, gridDim.z - 1 - blockIdx.z);
+}
+
 /* Di = rowsum(dO o O), lse2, zeroed dQ accumulator; one warp per row. */
 template <typename T, int DP>
 __global__ void __launch_bounds__(256) bwd_prep_kernel(const BwdArgs p) {
   constexpr float LOG2E = FA_LOG2E;
-  const int b = blockIdx.z, h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const dim3 blk = rows_block();
+  const int b = blk.z, h = blk.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const SeqView sv = seq_view(p, b);
 #pragma unroll 1
   for (int i = 0; i < kBwdRowsPerBlock / 8; ++i) {
-    const int row = blockIdx.x * kBwdRowsPerBlock + warp * (kBwdRowsPerBlock / 8) + i;
+    const int row = blk.x * kBwdRowsPerBlock + warp * (kBwdRowsPerBlock / 8) + i;
     if (row >= sv.nq) return;
     const T *o = (const T *)p.o + row_off(sv, false, p.o_sb, p.o_ss, p.o_sh, row, h);
     const T *dO = (const T *)p.dout + row_off(sv, false, p.do_sb, p.do_ss, p.do_sh, row, h);
@@ -247,11 +258,12 @@ __global__ void __launch_bounds__(256) bwd_prep_kernel(const BwdArgs p) {
 /* dQ = scale * accumulator, in the storage dtype; one warp per row. */
 template <typename T, int DP>
 __global__ void __launch_bounds__(256) bwd_dq_convert_kernel(const BwdArgs p) {
-  const int b = blockIdx.z, h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const dim3 blk = rows_block();
+  const int b = blk.z, h = blk.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const SeqView sv = seq_view(p, b);
 #pragma unroll 1
   for (int i = 0; i < kBwdRowsPerBlock / 8; ++i) {
-    const int row = blockIdx.x * kBwdRowsPerBlock + warp * (kBwdRowsPerBlock / 8) + i;
+    const int row = blk.x * kBwdRowsPerBlock + warp * (kBwdRowsPerBlock / 8) + i;
     if (row >= sv.nq) return;
     const float *src = p.dq_acc + (sv.lse0 + h * sv.lse_hs + row) * DP;
     T *dst = (T *)p.dq + row_off(sv, false, p.dq_sb, p.dq_ss, p.dq_sh, row, h);

@@ -71,7 +71,7 @@ if [ -n "$sparse" ]; then
   for n in ${sparse//,/ }; do
     stamp "$n: gpu-sparse"
     rm -f build-gpu/libflashattn.so* && cp -a ab/$n/libflashattn.so* build-gpu/
-    tools/gpu-sparse.sh 2>&1 | tail -40
+    tools/gpu-sparse.sh 2>&1 | tail -60
   done
 fi
 ( cd "$OUT" && ls ./*.log >/dev/null 2>&1 && tar czf ab-logs.tgz ./*.log && rm -f ./*.log )

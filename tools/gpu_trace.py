@@ -2,7 +2,9 @@
 """Per-block timing of the Hopper backward: for every block of the last bwd_kv_kernel launch,
 the global timer at entry, when K/V arrived, after the last step and at the end, its SM and
 its step count, summarised per phase (entry -> K/V, step loop, per step, epilogue, gap to the
-SM's next block) for a causal window, full causal and dense (B=2, H=16, N=16384, D=128, bf16).
+SM's next block) for a causal window, full causal and dense (B=2, H=16, N=16384, D=128, bf16),
+and issue 7's random block masks at N=4096, B=4 (density 1/16 and 0, 128-blocks); pass case
+names to run a subset (window1024 causal dense sparse16 sparse0).
 
 Needs a library built with the probe, e.g. on a machine with nvcc:
   cmake -S . -B build-trace -DFLASHATTN_CUDA=ON -DFLASHATTN_CUDA_ARCHS=90 -DBUILD_SHARED_LIBS=ON \
@@ -12,9 +14,11 @@ then on the GPU: FLASHATTN_LIBRARY=build-trace/libflashattn.so PYTHONPATH=python
 import ctypes, os, statistics as st, sys, torch
 import flashattn
 lib = ctypes.CDLL(os.environ["FLASHATTN_LIBRARY"])
-B, H, N, D = 2, 16, 16384, 128
+H, D = 16, 128
 
-def run(name, **kw):
+def run(name, B=2, N=16384, **kw):
+    if len(sys.argv) > 1 and name not in sys.argv[1:]:
+        return
     torch.manual_seed(0)
     q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
@@ -52,6 +56,17 @@ def run(name, **kw):
           % ((max(r[1] for r in first) - min(r[1] for r in first)) / 1e3,
              st.median(r[2] - r[1] for r in first) / 1e3))
 
+def random_blocks(B, N, keep, bs=128):
+    """every (batch, head, query block) keeps `keep` random key blocks, like --block-sparse"""
+    nb = N // bs
+    g = torch.Generator(device="cuda").manual_seed(1)
+    idx = torch.rand(B, H, nb, nb, device="cuda", generator=g).argsort(-1)[..., :keep]
+    m = torch.zeros(B, H, nb, nb, device="cuda", dtype=torch.uint8)
+    return m.scatter_(-1, idx, 1)
+
 run("window1024", causal=True, window_size=(1024, 0))
 run("causal", causal=True)
 run("dense", causal=False)
+run("sparse16", B=4, N=4096, block_mask=random_blocks(4, 4096, 2), block_size=(128, 128))
+run("sparse0", B=4, N=4096, block_mask=torch.zeros(4, H, 32, 32, device="cuda",
+                                                     dtype=torch.uint8), block_size=(128, 128))

@@ -375,9 +375,8 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   /* dK (times scale) and dV, each warpgroup its 64 keys, staged (row stride
    * D + 8) over the Q/dO ring and the dS^T tiles, which nobody reads any more.
    * The last dQ reductions only have to have read their staging tile (outside
-   * the dK/dV staging) before the block exits; the kernel's end makes their
-   * writes visible to the dQ conversion. */
-  if (issuer) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+   * the dK/dV staging) before the block exits, so that wait comes last; the
+   * kernel's end makes their writes visible to the dQ conversion. */
   named_sync(1, NC);
   constexpr int LD = D + 8;
   T *stage = reinterpret_cast<T *>(smem_raw + (sK - smem_addr(smem_raw)) + L::Q0);
@@ -401,6 +400,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     store_tile<T, 64, D, 128>((T *)p.dv + row_off(sv, true, p.dv_sb, p.dv_ss, p.dv_sh, k_lo, hk),
                               p.dv_ss, sdv, valid, p.d, ctid & 127);
   }
+  if (issuer) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
   if (ctid == 0) FA_TRACE(3);
 #endif
 }

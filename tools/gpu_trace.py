@@ -42,8 +42,8 @@ def run(name, B=2, N=16384, **kw):
         gaps += [b[1] - a[4] for a, b in zip(rs, rs[1:])]
     span = max(r[4] for r in rows) - t_begin
     busy = sum(r[4] - r[1] for r in rows) / len(bysm)
-    f = lambda xs: "median %.2f mean %.2f p90 %.2f us" % (st.median(xs) / 1e3, st.mean(xs) / 1e3,
-                                                          sorted(xs)[int(0.9 * len(xs))] / 1e3)
+    f = lambda xs: "median %.2f mean %.2f p90 %.2f us" % (
+        st.median(xs) / 1e3, st.mean(xs) / 1e3, sorted(xs)[int(0.9 * len(xs))] / 1e3) if xs else "-"
     print("== %s: %d blocks on %d SMs, kernel span %.3f ms, per-SM busy %.3f ms, steps median %d"
           % (name, len(rows), len(bysm), span / 1e6, busy / 1e6, st.median(steps)))
     print("  entry -> K/V ready : " + f(pro))

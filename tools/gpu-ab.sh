@@ -8,7 +8,8 @@
 # then the timings of base and each variant: tools/bench_sdpa.py --only-ours
 # BENCH_ARGS (--no-bench skips it), once with the peers (base) with --peers, and
 # tools/gpu-sparse.sh for the libraries named by --sparse=NAME,NAME. Logs go to $OUT,
-# as one ab-logs.tgz at the end.
+# as one ab-logs.tgz at the end. tools/ab-summary.sh condenses its output (the sparse sweep as
+# one line per library, N and pass).
 # Usage: tools/gpu-ab.sh --prebuilt=TARBALL --variants=TARBALL [--no-test] [--no-race]
 #          [--no-bench] [--sparse=NAMES] [--peers] [-- BENCH_ARGS...]
 set -uo pipefail

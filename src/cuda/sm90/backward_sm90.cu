@@ -423,9 +423,8 @@ fa_status bwd_launch(const BwdArgs &a, cudaStream_t stream) {
           FA_OK ||
       (st = make_map(&prm.tv, BF, a.v, a.d, a.nk, hk, nb, a.v_ss, a.v_sh, a.v_sb, S::BC)) != FA_OK)
     return st;
-  if ((st = a.cu_q ? make_map_f32_rows(&prm.tdq, a.dq_acc, D, a.total_q, a.heads_q, 64)
-                   : make_map_f32_rows(&prm.tdq, a.dq_acc, D, a.nq, (int64_t)a.heads_q * a.batch,
-                                       64)) != FA_OK)
+  if ((st = make_map_f32_rows(&prm.tdq, a.dq_acc, D, a.cu_q ? a.total_q : a.nq,
+                              (int64_t)a.heads_q * (a.cu_q ? 1 : a.batch), 64)) != FA_OK)
     return st;
   if ((st = bwd_rows_launch<T, D>(a, stream, false)) != FA_OK) return st;
   auto kernel = bwd_kv_kernel<T, D>;

@@ -42,9 +42,10 @@ namespace sm90 {
 fa_status make_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t seqlen,
                    int64_t heads, int64_t batch, int64_t ss, int64_t sh, int64_t sb, int box_rows);
 /* Tensor map of mats packed row-major float32 matrices of rows x d (the dQ
- * accumulator of fixed-length batches: one matrix per (sequence, head)):
- * boxes of 32 columns x box_rows rows, 128-byte swizzle; rows past a
- * matrix's end are outside it, so reductions into them are dropped. */
+ * accumulator: one matrix per (sequence, head) of a fixed-length batch, one
+ * per head of the packed rows of a varlen one): boxes of 32 columns x box_rows
+ * rows, 128-byte swizzle; rows past a matrix's end are outside it, so
+ * reductions into them are dropped. */
 fa_status make_map_f32_rows(CUtensorMap *m, const float *base, int d, int64_t rows, int64_t mats,
                             int box_rows);
 }  // namespace sm90

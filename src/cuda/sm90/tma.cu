@@ -26,13 +26,29 @@ static EncodeFn encode_fn() {
   return fn;
 }
 
+/* A tiled tensor map with the Hopper kernels' fixed choices (128-byte swizzle,
+ * 256-byte L2 promotion, zeros outside the tensor): rank dims, their extents
+ * (innermost first), the byte strides of all but the first, the box. */
+static fa_status encode_sw128(CUtensorMap *m, CUtensorMapDataType type, cuuint32_t rank,
+                              const void *base, const cuuint64_t *dims, const cuuint64_t *strides,
+                              const cuuint32_t *box) {
+  EncodeFn fn = encode_fn();
+  if (!fn) return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: cuTensorMapEncodeTiled is unavailable");
+  const cuuint32_t estr[4] = {1, 1, 1, 1};
+  CUresult r = fn(m, type, rank, const_cast<void *>(base), dims, strides, box, estr,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  /* e.g. a broadcast (zero) stride: the caller falls back to the sm_80 kernels */
+  if (r != CUDA_SUCCESS)
+    return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: cuTensorMapEncodeTiled failed (%d)", (int)r);
+  return FA_OK;
+}
+
 /* Tensor map of a (batch, seqlen, heads, d) tensor with element strides sb,
  * ss, sh: boxes of 64 columns x box_rows rows, 128-byte swizzle, zero fill
  * outside. Dimensions of extent 1 get a packed stride (theirs is arbitrary). */
 fa_status make_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t seqlen,
                    int64_t heads, int64_t batch, int64_t ss, int64_t sh, int64_t sb, int box_rows) {
-  EncodeFn fn = encode_fn();
-  if (!fn) return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: cuTensorMapEncodeTiled is unavailable");
   const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)seqlen, (cuuint64_t)heads,
                               (cuuint64_t)batch};
   int64_t st[4] = {1, ss, sh, sb};
@@ -40,30 +56,17 @@ fa_status make_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t s
     if (dims[i] == 1) st[i] = ((st[i - 1] * (int64_t)dims[i - 1] * 2 + 15) / 16) * 8;
   const cuuint64_t strides[3] = {(cuuint64_t)st[1] * 2, (cuuint64_t)st[2] * 2,
                                  (cuuint64_t)st[3] * 2};
-  const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, estr[4] = {1, 1, 1, 1};
-  CUresult r = fn(m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-                  const_cast<void *>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  /* e.g. a broadcast (zero) stride: the caller falls back to the sm_80 kernels */
-  if (r != CUDA_SUCCESS)
-    return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: cuTensorMapEncodeTiled failed (%d)", (int)r);
-  return FA_OK;
+  const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1};
+  return encode_sw128(m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                      4, base, dims, strides, box);
 }
 
 fa_status make_map_f32_rows(CUtensorMap *m, const float *base, int d, int64_t rows, int64_t mats,
                             int box_rows) {
-  EncodeFn fn = encode_fn();
-  if (!fn) return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: cuTensorMapEncodeTiled is unavailable");
   const cuuint64_t dims[3] = {(cuuint64_t)d, (cuuint64_t)rows, (cuuint64_t)mats};
   const cuuint64_t strides[2] = {(cuuint64_t)d * 4, (cuuint64_t)(d * rows * 4)};
-  const cuuint32_t box[3] = {32, (cuuint32_t)box_rows, 1}, estr[3] = {1, 1, 1};
-  CUresult r = fn(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<float *>(base), dims, strides,
-                  box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: cuTensorMapEncodeTiled failed (%d)", (int)r);
-  return FA_OK;
+  const cuuint32_t box[3] = {32, (cuuint32_t)box_rows, 1};
+  return encode_sw128(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, base, dims, strides, box);
 }
 
 int persistent_ctas(int64_t blocks) {

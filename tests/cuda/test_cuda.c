@@ -99,6 +99,7 @@ typedef struct tcase {
   int bq, bk;             /* block mask with these block sizes when bq > 0 */
   int bdens;              /* percent of visible blocks (query block 1 always hidden) */
   int bbcast;             /* block mask broadcast over heads (stride_head 0) */
+  int nanseq;             /* varlen: sequence nanseq - 1's Q, K, V, dO all NaN when > 0 */
 } tcase;
 
 typedef struct tens {
@@ -151,6 +152,34 @@ static void *dev_copy(const void *h, size_t bytes) {
   return d;
 }
 
+/* A varlen case's NaN sequence (nanseq > 0: sequence nanseq - 1) holds
+ * packed row row of a tensor with per-sequence lengths lens. Its elements
+ * are not compared: inside it nothing is promised (its rows that see no key
+ * still meet NaN V in 0 x NaN products, which the oracle skips), as in any
+ * kernel that multiplies masked probabilities. */
+static int skipped(const tcase *c, const int *lens, int64_t row) {
+  if (c->nanseq <= 0) return 0;
+  int r0 = 0;
+  for (int s = 0; s < c->nanseq - 1; s++) r0 += lens[s];
+  return row >= r0 && row < r0 + lens[c->nanseq - 1];
+}
+
+/* Every element of the NaN sequence's rows NaN, in the 16-bit copy and the
+ * float64 one. The other sequences must come out finite and correct: packed
+ * neighbours are separate problems, so a kernel that reads past a sequence's
+ * end into them (0 x NaN = NaN in a product) or reduces into their rows
+ * fails. */
+static void poison_seq(const tcase *c, const tens *t, const int *lens, uint16_t *h, double *d) {
+  for (int64_t r = 0; r < t->t.seqlen; r++)
+    if (skipped(c, lens, r))
+      for (int64_t hh = 0; hh < t->t.heads; hh++)
+        for (int64_t e = 0; e < t->t.headdim; e++) {
+          const size_t i = (size_t)(r * t->t.stride_seq + hh * t->t.stride_head + e);
+          h[i] = c->dt == FA_DTYPE_F16 ? 0x7e00 : 0x7fc0;
+          d[i] = NAN;
+        }
+}
+
 /* Visits every (row, head) row of a q-like (heads, n = nq) or k-like
  * (heads, n = nk) tensor: the element offset of the row and, for q-like
  * tensors, its lse index. total: rows of the packed tensor (varlen). */
@@ -188,8 +217,8 @@ typedef struct errs {
   int ok;
 } errs;
 
-static errs compare(const tcase *c, const tens *t, int heads, int n, int total, const double *ref,
-                    const uint16_t *got, const uint16_t *lp) {
+static errs compare(const tcase *c, const tens *t, int heads, int n, int total, const int *lens,
+                    const double *ref, const uint16_t *got, const uint16_t *lp) {
   errs r = {0, 0, 0, 0, 0};
   const size_t nrows = (size_t)(c->nseq ? 1 : c->B) * heads * (c->nseq ? total : n);
   rowit *rows = malloc(sizeof(rowit) * (nrows ? nrows : 1));
@@ -199,6 +228,7 @@ static errs compare(const tcase *c, const tens *t, int heads, int n, int total, 
     for (int d = 0; d < c->D; d++) {
       size_t idx = (size_t)rows[i].off + d;
       double x = load16(got, idx, c->dt), xl = load16(lp, idx, c->dt), rf = ref[idx];
+      if (skipped(c, lens, rows[i].lse % (total ? total : 1))) continue;
       if (x != x) r.nan++;
       e2 += (x - rf) * (x - rf);
       elp2 += (xl - rf) * (xl - rf);
@@ -255,6 +285,7 @@ static void check_backward(const fwd_state *f) {
   double *dod = malloc(o->n * 8), *dref[3];
   const tens *gt[3] = {q, k, v};
   fill(doh, dod, o, c->dt);
+  poison_seq(c, o, c->lq, doh, dod);
   for (int i = 0; i < 3; i++) {
     dlp[i] = malloc(gt[i]->n * 2), dgpu[i] = malloc(gt[i]->n * 2), ddet[i] = malloc(gt[i]->n * 2);
     dref[i] = malloc(gt[i]->n * 8);
@@ -311,9 +342,9 @@ static void check_backward(const fwd_state *f) {
       g_fail++;
     } else {
       for (int i = 0; i < 3; i++) CK(cudaMemcpy(dgpu[i], gout[i], gt[i]->n * 2, cudaMemcpyDeviceToHost));
-      e[0] = compare(c, q, c->Hq, c->nq, f->NQ, dref[0], dgpu[0], dlp[0]);
-      e[1] = compare(c, k, c->Hk, nk_rows, f->NK, dref[1], dgpu[1], dlp[1]);
-      e[2] = compare(c, v, c->Hk, nk_rows, f->NK, dref[2], dgpu[2], dlp[2]);
+      e[0] = compare(c, q, c->Hq, c->nq, f->NQ, c->lq, dref[0], dgpu[0], dlp[0]);
+      e[1] = compare(c, k, c->Hk, nk_rows, f->NK, c->lk, dref[1], dgpu[1], dlp[1]);
+      e[2] = compare(c, v, c->Hk, nk_rows, f->NK, c->lk, dref[2], dgpu[2], dlp[2]);
       report_bwd(c, "atomic", e, 1, "");
     }
     /* deterministic mode, twice, with a library-allocated workspace */
@@ -339,9 +370,9 @@ static void check_backward(const fwd_state *f) {
         same &= memcmp(ddet[i], other, gt[i]->n * 2) == 0;
         free(other);
       }
-      e[0] = compare(c, q, c->Hq, c->nq, f->NQ, dref[0], ddet[0], dlp[0]);
-      e[1] = compare(c, k, c->Hk, nk_rows, f->NK, dref[1], ddet[1], dlp[1]);
-      e[2] = compare(c, v, c->Hk, nk_rows, f->NK, dref[2], ddet[2], dlp[2]);
+      e[0] = compare(c, q, c->Hq, c->nq, f->NQ, c->lq, dref[0], ddet[0], dlp[0]);
+      e[1] = compare(c, k, c->Hk, nk_rows, f->NK, c->lk, dref[1], ddet[1], dlp[1]);
+      e[2] = compare(c, v, c->Hk, nk_rows, f->NK, c->lk, dref[2], ddet[2], dlp[2]);
       char extra[160];
       /* workspace: O(N) without the float32 dQ accumulator, which the atomic mode adds */
       const int ws_ok = wsz > 0 && wsz < wsz_atomic;
@@ -379,6 +410,9 @@ static void run_case(const tcase *c) {
   fill(qh, qd, &q, c->dt);
   fill(kh, kd, &k, c->dt);
   fill(vh, vd, &v, c->dt);
+  poison_seq(c, &q, c->lq, qh, qd);
+  poison_seq(c, &k, c->lk, kh, kd);
+  poison_seq(c, &v, c->lk, vh, vd);
   const int nslopes = (varlen ? c->nseq : B) * c->Hq;
   float slopes[8 * 64];
   for (int i = 0; i < nslopes; i++)
@@ -491,12 +525,14 @@ static void run_case(const tcase *c) {
         for (int d = 0; d < c->D; d++) {
           size_t idx = (size_t)rows[i].off + d;
           double ref = od[idx], x = load16(oh, idx, c->dt), xl = load16(olp, idx, c->dt);
+          if (skipped(c, c->lq, rows[i].lse % (NQ ? NQ : 1))) continue;
           if (x != x) nan++;
           e2 += (x - ref) * (x - ref);
           elp2 += (xl - ref) * (xl - ref);
           r2 += ref * ref;
         }
         double lr = lse_ref[rows[i].lse], lg = lse_dev[rows[i].lse];
+        if (skipped(c, c->lq, rows[i].lse % (NQ ? NQ : 1))) continue;
         if (isinf(lr) && lr < 0) {
           if (!(isinf(lg) && lg < 0)) lse_bad++;
         } else {
@@ -722,6 +758,16 @@ static void full_suite(void) {
       memcpy(c.lk, lk, sizeof lk);
       c.causal = 1;
       run_case(&c);
+      /* a NaN sequence between sequences whose tiles straddle it: the first
+       * one's last key tile and query tile reach into it, the NaN one's last
+       * query tile (and its dQ) into the third */
+      c = base(nm("%s D=%d %s", "varlen NaN neighbour 70,150,93 / 130,77,190", D, dt), dt, D, 1, 2,
+               0, 0);
+      c.nseq = 3, c.nanseq = 2, c.causal = D % 64 == 0;
+      int nq3[3] = {70, 150, 93}, nk3[3] = {130, 77, 190};
+      memcpy(c.lq, nq3, sizeof nq3);
+      memcpy(c.lk, nk3, sizeof nk3);
+      run_case(&c);
       ext_cases(dt, D, D == 64 || D == 128 || (D == 256 && dt == FA_DTYPE_BF16));
     }
     check_dropout_bits(dt, 2, 4, 2, 777, 0);
@@ -836,6 +882,10 @@ static void small_suite(void) {
   c = base("small varlen D=72 bf16", FA_DTYPE_BF16, 72, 1, 2, 0, 0);
   c.nseq = 3, c.causal = 1;
   c.lq[0] = 17, c.lq[1] = 0, c.lq[2] = 70, c.lk[0] = 17, c.lk[1] = 9, c.lk[2] = 140;
+  run_case(&c);
+  c = base("small varlen NaN neighbour D=128 f16", FA_DTYPE_F16, 128, 1, 2, 0, 0);
+  c.nseq = 3, c.nanseq = 2;
+  c.lq[0] = 70, c.lq[1] = 150, c.lq[2] = 93, c.lk[0] = 130, c.lk[1] = 77, c.lk[2] = 190;
   run_case(&c);
   c = base("small alibi+softcap+window GQA 4:1 D=32 f16", FA_DTYPE_F16, 32, 1, 4, 65, 140);
   c.Hk = 1, c.alibi = 1, c.softcap = 2, c.window = 1, c.wl = 30, c.wr = 3;

@@ -55,12 +55,9 @@ struct BwdShape {
 struct BwdParams {
   BwdArgs a;
   CUtensorMap tq, tk, tv, tdo;
-  /* the dQ accumulator as (D, rows, matrices): fixed-length batches
-   * (D, nq, heads * batch), so boxes clip at nq; varlen (D, total_q, heads),
-   * so boxes clip only at the packed end and a sequence's last tile adds its
-   * rows past nq, exact zeros (P = dS = 0 there), to the next sequence's.
-   * Partials are staged 128-byte swizzled (2-way bank conflicts) as 32-column
-   * boxes. */
+  /* the dQ accumulator, mapped as Q is (the same coordinates), so boxes
+   * clip at each sequence's end, varlen too. Partials are staged 128-byte
+   * swizzled (2-way bank conflicts) as 32-column boxes. */
   CUtensorMap tdq;
 };
 
@@ -143,10 +140,9 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
                              (int64_t)((m_begin + s % nm) * BR / p.bm_q) * p.bm_sr);
   };
 
-  /* the dQ accumulator map's coordinates of this sequence's head h: row 0 at
-   * (dq_r0, dq_mat(h)) */
-  const int dq_r0 = p.cu_q ? (int)sv.q0 : 0;
-  auto dq_mat = [&](int h) { return p.cu_q ? h : b * p.heads_q + h; };
+  /* this sequence's row 0 in the Q, dO and dQ maps, and in the K and V maps */
+  const MapSeq mq = map_seq(p.cu_q != nullptr, b, p.nq, sv.q0, nq),
+               mkv = map_seq(p.cu_q != nullptr, b, p.nk, sv.k0, nk);
 
   const int tid = threadIdx.x;
   if (tid == 0) {
@@ -162,11 +158,10 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   if (tid < 128) { /* ---- producer warpgroup ---- */
     regs_dealloc<S::PRODUCER_REGS>();
     if (tid < 32) { /* one warp walks the steps, its lane 0 issues the copies */
-      const int krow = (int)sv.k0 + c0, qb = (int)sv.qb, kb = (int)sv.kb;
       if (tid == 0) {
         mbar_expect_tx(kv_full, 2 * L::KBYTES);
-        tma_load_tile<BC, D>(sK, &P.tk, kv_full, krow, hk, kb);
-        tma_load_tile<BC, D>(sK + L::V0, &P.tv, kv_full, krow, hk, kb);
+        tma_load_tile<BC, D>(sK, &P.tk, kv_full, mkv.row + c0, hk, mkv.batch);
+        tma_load_tile<BC, D>(sK + L::V0, &P.tv, kv_full, mkv.row + c0, hk, mkv.batch);
       }
       int i = 0;
       auto load = [&](int s) {
@@ -176,15 +171,15 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
         mbar_wait(q_empty(st), ph ^ 1);
         if (tid == 0) {
           mbar_expect_tx(q_full(st), 2 * L::QBYTES);
-          tma_load_tile<BR, D>(sK + L::Q0 + st * L::QBYTES, &P.tq, q_full(st), (int)sv.q0 + r, h,
-                               qb);
-          tma_load_tile<BR, D>(sK + L::DO0 + st * L::QBYTES, &P.tdo, q_full(st), (int)sv.q0 + r, h,
-                               qb);
+          tma_load_tile<BR, D>(sK + L::Q0 + st * L::QBYTES, &P.tq, q_full(st), mq.row + r, h,
+                               mq.batch);
+          tma_load_tile<BR, D>(sK + L::DO0 + st * L::QBYTES, &P.tdo, q_full(st), mq.row + r, h,
+                               mq.batch);
           /* the tile's dQ accumulator rows into L2 a step or two before the
            * reduce-adds read them (with sparse masks they are not there yet) */
           for (int rr = 0; rr < BR; rr += 64)
             for (int cc = 0; cc < D; cc += 32)
-              tma_prefetch_3d(&P.tdq, cc, dq_r0 + r + rr, dq_mat(h));
+              tma_prefetch_4d(&P.tdq, cc, mq.row + r + rr, h, mq.batch);
         }
         /* The tile's lse2 and Di rows into the stage, +inf and 0 past the
          * sequence's end (P = dS = 0 there): loaded here, a stage ahead, their
@@ -349,13 +344,12 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     fence_proxy_async();
     named_sync(2 + wg, 128); /* the staging tile is complete */
     if (issuer && r + qw < nq) {
-      const int mat = dq_mat(h);
 #pragma unroll
       for (int bx = 0; bx < 2; ++bx)
         asm volatile(
-            "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, "
-            "%3}], [%4];\n" ::"l"(&P.tdq),
-            "r"(dw + bx * 32), "r"(dq_r0 + r + qw), "r"(mat), "r"(dq_wg + bx * 8192)
+            "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, "
+            "%3, %4}], [%5];\n" ::"l"(&P.tdq),
+            "r"(dw + bx * 32), "r"(mq.row + r + qw), "r"(h), "r"(mq.batch), "r"(dq_wg + bx * 8192)
             : "memory");
       asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
     }
@@ -413,18 +407,18 @@ fa_status bwd_launch(const BwdArgs &a, cudaStream_t stream) {
   constexpr bool BF = std::is_same<T, __nv_bfloat16>::value;
   BwdParams prm; /* maps first: a layout TMA cannot map launches nothing */
   prm.a = a;
-  const int64_t nb = a.cu_q ? 1 : a.batch, hk = a.heads_q / a.group;
+  const bool pk = a.cu_q != nullptr; /* varlen: packed maps (forward_sm90.cu) */
+  const int64_t hk = a.heads_q / a.group;
   fa_status st;
-  if ((st = make_map(&prm.tq, BF, a.q, a.d, a.nq, a.heads_q, nb, a.q_ss, a.q_sh, a.q_sb, S::BR)) !=
-          FA_OK ||
-      (st = make_map(&prm.tdo, BF, a.dout, a.d, a.nq, a.heads_q, nb, a.do_ss, a.do_sh, a.do_sb,
+  if ((st = make_map(&prm.tq, BF, a.q, a.d, a.nq, a.heads_q, a.batch, a.q_ss, a.q_sh, a.q_sb, pk,
                      S::BR)) != FA_OK ||
-      (st = make_map(&prm.tk, BF, a.k, a.d, a.nk, hk, nb, a.k_ss, a.k_sh, a.k_sb, S::BC)) !=
-          FA_OK ||
-      (st = make_map(&prm.tv, BF, a.v, a.d, a.nk, hk, nb, a.v_ss, a.v_sh, a.v_sb, S::BC)) != FA_OK)
-    return st;
-  if ((st = make_map_f32_rows(&prm.tdq, a.dq_acc, D, a.cu_q ? a.total_q : a.nq,
-                              (int64_t)a.heads_q * (a.cu_q ? 1 : a.batch), 64)) != FA_OK)
+      (st = make_map(&prm.tdo, BF, a.dout, a.d, a.nq, a.heads_q, a.batch, a.do_ss, a.do_sh, a.do_sb,
+                     pk, S::BR)) != FA_OK ||
+      (st = make_map(&prm.tk, BF, a.k, a.d, a.nk, hk, a.batch, a.k_ss, a.k_sh, a.k_sb, pk,
+                     S::BC)) != FA_OK ||
+      (st = make_map(&prm.tv, BF, a.v, a.d, a.nk, hk, a.batch, a.v_ss, a.v_sh, a.v_sb, pk,
+                     S::BC)) != FA_OK ||
+      (st = make_map_f32(&prm.tdq, a.dq_acc, D, a.nq, a.heads_q, a.batch, pk, 64)) != FA_OK)
     return st;
   if ((st = bwd_rows_launch<T, D>(a, stream, false)) != FA_OK) return st;
   auto kernel = bwd_kv_kernel<T, D>;

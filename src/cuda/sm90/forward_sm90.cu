@@ -181,25 +181,27 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
           slot[j & 1] = more ? t : -1;
           if (more) {
             mbar_expect_tx(q_full, L::QBYTES);
-            tma_load_tile<BR, D>(sQ, &P.tq, q_full, (int)(k.sv.q0 + k.r0), k.h, (int)k.sv.qb);
+            const MapSeq mq = map_seq(p.cu_q != nullptr, k.b, p.nq, k.sv.q0, k.sv.nq);
+            tma_load_tile<BR, D>(sQ, &P.tq, q_full, mq.row + k.r0, k.h, mq.batch);
           } else {
             mbar_arrive(q_full);
           }
         }
         if (!more) break;
-        const int hk = k.h / p.group, krow = (int)k.sv.k0, kb = (int)k.sv.kb;
+        const int hk = k.h / p.group;
+        const MapSeq mk = map_seq(p.cu_q != nullptr, k.b, p.nk, k.sv.k0, k.sv.nk);
         for_each_live(k.kt.n_end - k.kt.n_begin, tile_skip(k), [&](int kk) {
           const int n = k.kt.n_end - 1 - kk, st = i % ST, ph = (i / ST) & 1;
           ++i;
           if (tid != 0) return;
           mbar_wait(k_empty(st), ph ^ 1);
           mbar_expect_tx(k_full(st), L::TBYTES);
-          tma_load_tile<BC, D>(sQ + L::K0 + st * L::TBYTES, &P.tk, k_full(st), krow + n * BC, hk,
-                               kb);
+          tma_load_tile<BC, D>(sQ + L::K0 + st * L::TBYTES, &P.tk, k_full(st), mk.row + n * BC, hk,
+                               mk.batch);
           mbar_wait(v_empty(st), ph ^ 1);
           mbar_expect_tx(v_full(st), L::TBYTES);
-          tma_load_tile<BC, D>(sQ + L::V0 + st * L::TBYTES, &P.tv, v_full(st), krow + n * BC, hk,
-                               kb);
+          tma_load_tile<BC, D>(sQ + L::V0 + st * L::TBYTES, &P.tv, v_full(st), mk.row + n * BC, hk,
+                               mk.batch);
         });
       }
     }
@@ -313,14 +315,16 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   constexpr bool BF = std::is_same<T, __nv_bfloat16>::value;
   FwdParams prm;
   prm.a = a;
-  /* varlen: one packed batch of total rows (a.nq, a.nk are the tensors' seqlens) */
-  const int64_t nb = a.cu_q ? 1 : a.batch, hk = a.heads_q / a.group;
+  /* varlen: packed maps of total rows (a.nq, a.nk are the tensors' seqlens) */
+  const bool pk = a.cu_q != nullptr;
+  const int64_t hk = a.heads_q / a.group;
   fa_status st;
-  if ((st = make_map(&prm.tq, BF, a.q, a.d, a.nq, a.heads_q, nb, a.q_ss, a.q_sh, a.q_sb, S::BR)) !=
-          FA_OK ||
-      (st = make_map(&prm.tk, BF, a.k, a.d, a.nk, hk, nb, a.k_ss, a.k_sh, a.k_sb, S::BC)) !=
-          FA_OK ||
-      (st = make_map(&prm.tv, BF, a.v, a.d, a.nk, hk, nb, a.v_ss, a.v_sh, a.v_sb, S::BC)) != FA_OK)
+  if ((st = make_map(&prm.tq, BF, a.q, a.d, a.nq, a.heads_q, a.batch, a.q_ss, a.q_sh, a.q_sb, pk,
+                     S::BR)) != FA_OK ||
+      (st = make_map(&prm.tk, BF, a.k, a.d, a.nk, hk, a.batch, a.k_ss, a.k_sh, a.k_sb, pk,
+                     S::BC)) != FA_OK ||
+      (st = make_map(&prm.tv, BF, a.v, a.d, a.nk, hk, a.batch, a.v_ss, a.v_sh, a.v_sb, pk,
+                     S::BC)) != FA_OK)
     return st;
   auto kernel = fwd_kernel<T, D>;
   static bool attr_done = false;

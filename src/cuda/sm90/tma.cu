@@ -44,29 +44,43 @@ static fa_status encode_sw128(CUtensorMap *m, CUtensorMapDataType type, cuuint32
   return FA_OK;
 }
 
-/* Tensor map of a (batch, seqlen, heads, d) tensor with element strides sb,
- * ss, sh: boxes of 64 columns x box_rows rows, 128-byte swizzle, zero fill
- * outside. Dimensions of extent 1 get a packed stride (theirs is arbitrary). */
-fa_status make_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t seqlen,
-                   int64_t heads, int64_t batch, int64_t ss, int64_t sh, int64_t sb, int box_rows) {
+/* The (d, seqlen, heads, batch) map both makers share, esize-byte elements at
+ * element strides ss, sh, sb, boxes of box_cols x box_rows. Dimensions of
+ * extent 1 get a packed stride (theirs is arbitrary). packed (varlen,
+ * seqlen = the total rows): the batch dimension (extent total + 1) is a row
+ * stride too and the base moves back total rows, so coordinate (row, end)
+ * addresses packed row row + end - total, and a sequence that ends at packed
+ * row end, addressed from row total - len (map_seq in wgmma.cuh), has its own
+ * end as the map's: rows past it load as zeros and take no reductions, as a
+ * fixed-length batch's do (NaN or inf in a neighbour never reaches it). */
+static fa_status map_4d(CUtensorMap *m, CUtensorMapDataType type, int64_t esize, const void *base,
+                        int d, int64_t seqlen, int64_t heads, int64_t batch, int64_t ss, int64_t sh,
+                        int64_t sb, bool packed, int box_cols, int box_rows) {
   const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)seqlen, (cuuint64_t)heads,
-                              (cuuint64_t)batch};
+                              (cuuint64_t)(packed ? seqlen + 1 : batch)};
   int64_t st[4] = {1, ss, sh, sb};
   for (int i = 1; i < 4; i++)
-    if (dims[i] == 1) st[i] = ((st[i - 1] * (int64_t)dims[i - 1] * 2 + 15) / 16) * 8;
-  const cuuint64_t strides[3] = {(cuuint64_t)st[1] * 2, (cuuint64_t)st[2] * 2,
-                                 (cuuint64_t)st[3] * 2};
-  const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1};
-  return encode_sw128(m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                      4, base, dims, strides, box);
+    if (dims[i] == 1) st[i] = ((st[i - 1] * (int64_t)dims[i - 1] * esize + 15) / 16) * 16 / esize;
+  if (packed) st[3] = st[1];
+  const cuuint64_t strides[3] = {(cuuint64_t)(st[1] * esize), (cuuint64_t)(st[2] * esize),
+                                 (cuuint64_t)(st[3] * esize)};
+  const cuuint32_t box[4] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows, 1, 1};
+  /* the moved base is never read: only coordinates inside the map are */
+  const char *b0 = (const char *)base - (packed ? seqlen * st[1] * esize : 0);
+  return encode_sw128(m, type, 4, b0, dims, strides, box);
 }
 
-fa_status make_map_f32_rows(CUtensorMap *m, const float *base, int d, int64_t rows, int64_t mats,
-                            int box_rows) {
-  const cuuint64_t dims[3] = {(cuuint64_t)d, (cuuint64_t)rows, (cuuint64_t)mats};
-  const cuuint64_t strides[2] = {(cuuint64_t)d * 4, (cuuint64_t)(d * rows * 4)};
-  const cuuint32_t box[3] = {32, (cuuint32_t)box_rows, 1};
-  return encode_sw128(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, base, dims, strides, box);
+fa_status make_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t seqlen,
+                   int64_t heads, int64_t batch, int64_t ss, int64_t sh, int64_t sb, bool packed,
+                   int box_rows) {
+  return map_4d(m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                base, d, seqlen, heads, batch, ss, sh, sb, packed, 64, box_rows);
+}
+
+fa_status make_map_f32(CUtensorMap *m, const float *base, int d, int64_t seqlen, int64_t heads,
+                       int64_t batch, bool packed, int box_rows) {
+  return map_4d(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, base, d, seqlen, heads, batch, d, seqlen * d,
+                heads * seqlen * d, packed, 32, box_rows);
 }
 
 int persistent_ctas(int64_t blocks) {

@@ -175,12 +175,23 @@ __device__ __forceinline__ void tma_load_tile(uint32_t dst, const void *map, uin
   for (int c = 0; c < D / 64; ++c)
     tma_load_4d(dst + c * ROWS * 128, map, bar, c * 64, row, head, batch);
 }
-/* One box of a 3-d tensor map into L2 only: a hint, with no completion to
+/* One box of a 4-d tensor map into L2 only: a hint, with no completion to
  * wait for; a box outside the tensor is dropped. */
-__device__ __forceinline__ void tma_prefetch_3d(const void *map, int c0, int c1, int c2) {
-  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(map),
-               "r"(c0), "r"(c1), "r"(c2)
+__device__ __forceinline__ void tma_prefetch_4d(const void *map, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::
+                   "l"(map),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3)
                : "memory");
+}
+/* Where a sequence's row 0 sits in make_map's maps, as (row, batch)
+ * coordinates: (0, b) in a fixed-length batch; in a packed (varlen) map of
+ * total rows, (total - len, start + len) for the len rows from packed row
+ * start, so the map ends where the sequence does (tma.cu). */
+struct MapSeq {
+  int row, batch;
+};
+__device__ __forceinline__ MapSeq map_seq(bool packed, int b, int total, int64_t start, int len) {
+  return packed ? MapSeq{total - len, (int)start + len} : MapSeq{0, b};
 }
 /* Named barrier over `count` threads (id 0 is __syncthreads'). */
 __device__ __forceinline__ void named_sync(int id, int count) {

@@ -951,6 +951,137 @@ void attn_check_nan_k(const acfg *c) {
   prob_free(&p);
 }
 
+/* ---- varlen: sequences isolated from each other ------------------------------------------
+ * Every element of sequence c->nan_seq's Q, K, V and dO is NaN. The other
+ * sequences are separate problems and the CPU backend is deterministic, so
+ * their O, lse, dQ, dK and dV are bitwise what a clean run on the same inputs
+ * gives. Inside the NaN sequence (not compared) every row that sees a key has
+ * NaN in O and dQ, and every key some row sees has NaN in dK and dV. */
+
+static int vals_same(const double *a, const double *b, size_t base, int64_t D) {
+  return memcmp(a + base, b + base, (size_t)D * sizeof(double)) == 0;
+}
+
+static int vals_have_nan(const double *a, size_t base, int64_t D) {
+  for (int64_t d = 0; d < D; d++)
+    if (isnan(a[base + (size_t)d])) return 1;
+  return 0;
+}
+
+/* "head h, row i" for dQ-shaped tensors, "kv head h, key i" for dK and dV. */
+static const char *iso_where(const char *what, int head) {
+  if (what[0] == 'd' && (what[1] == 'K' || what[1] == 'V')) return head ? "kv head" : "key";
+  return head ? "head" : "row";
+}
+
+/* One row (D values at base) of a sequence other than the NaN one. */
+static void iso_row(const char *what, const double *bad, const double *clean, size_t base,
+                    int64_t D, int64_t s0, int64_t s, int64_t h, int64_t i, int64_t *nbad) {
+  if (vals_same(bad, clean, base, D) || (*nbad)++ > 0) return;
+  size_t d = 0;
+  while (d + 1 < (size_t)D && memcmp(bad + base + d, clean + base + d, sizeof(double)) == 0) d++;
+  tr_fail(
+      "NaN in sequence %lld changed %s of sequence %lld (%s %lld, %s %lld, d %zu): %.9g, "
+      "clean run %.9g",
+      (long long)s0, what, (long long)s, iso_where(what, 1), (long long)h, iso_where(what, 0),
+      (long long)i, d, bad[base + d], clean[base + d]);
+}
+
+/* One row of the NaN sequence that sees a key (or one key that a row sees). */
+static void nan_row(const char *what, const double *bad, size_t base, int64_t D, int64_t s0,
+                    int64_t h, int64_t i, int64_t *nmissing) {
+  if (vals_have_nan(bad, base, D) || (*nmissing)++ > 0) return;
+  tr_fail("NaN sequence %lld: %s of %s %lld, %s %lld has no NaN (first element %g)", (long long)s0,
+          what, iso_where(what, 1), (long long)h, iso_where(what, 0), (long long)i, bad[base]);
+}
+
+void attn_check_varlen_nan(const acfg *c) {
+  prob p;
+  prob_init(&p, c);
+  tr_context("seed %#llx", (unsigned long long)c->seed);
+  const int64_t s0 = c->nan_seq;
+  if (!p.varlen || s0 < 0 || s0 >= p.nseqs) {
+    tr_fail("test defect: nan_seq %lld is not a sequence of a varlen batch", (long long)s0);
+    prob_free(&p);
+    return;
+  }
+  runopt ro;
+  memset(&ro, 0, sizeof ro);
+  ro.algo = c->algo;
+  ro.dtype = c->dtype;
+  ro.layout = c->layout;
+  ro.threads = c->threads;
+  ro.backward = c->backward;
+  ro.deterministic = 1;
+  run clean, bad;
+  ro.label = "clean:";
+  run_exec(&clean, &p, &ro);
+  int64_t qb, q0, nq, kb, k0, nk;
+  prob_seq(&p, s0, &qb, &q0, &nq, &kb, &k0, &nk);
+  for (int64_t i = 0; i < nq; i++)
+    for (int64_t h = 0; h < p.HQ; h++)
+      for (int64_t d = 0; d < p.D; d++) {
+        p.q[qidx(&p, qb, q0 + i, h, d)] = NAN;
+        p.dout[qidx(&p, qb, q0 + i, h, d)] = NAN;
+      }
+  for (int64_t j = 0; j < nk; j++)
+    for (int64_t h = 0; h < p.HK; h++)
+      for (int64_t d = 0; d < p.D; d++) {
+        p.k[kidx(&p, kb, k0 + j, h, d)] = NAN;
+        p.v[kidx(&p, kb, k0 + j, h, d)] = NAN;
+      }
+  ro.label = "NaN sequence:";
+  run_exec(&bad, &p, &ro);
+  const int bwd = c->backward && clean.bwd_ok && bad.bwd_ok;
+  if (clean.fwd_ok && bad.fwd_ok) {
+    const float *lc = (const float *)clean.lse.data, *lb = (const float *)bad.lse.data;
+    int64_t n_o = 0, n_lse = 0, n_dq = 0, n_dk = 0, n_dv = 0, miss_o = 0, miss_dq = 0, miss_dk = 0,
+            miss_dv = 0, seen_rows = 0;
+    for (int64_t s = 0; s < p.nseqs; s++) {
+      prob_seq(&p, s, &qb, &q0, &nq, &kb, &k0, &nk);
+      for (int64_t h = 0; h < p.HQ; h++)
+        for (int64_t i = 0; i < nq; i++) {
+          const size_t ob = qidx(&p, qb, q0 + i, h, 0), li = prob_lse_index(&p, s, h, i);
+          if (s == s0) {
+            if (row_masked(c, nq, nk, i)) continue;
+            seen_rows++;
+            nan_row("O", bad.o_vals, ob, p.D, s0, h, i, &miss_o);
+            if (bwd) nan_row("dQ", bad.dq_vals, ob, p.D, s0, h, i, &miss_dq);
+            continue;
+          }
+          iso_row("O", bad.o_vals, clean.o_vals, ob, p.D, s0, s, h, i, &n_o);
+          if (memcmp(&lb[li], &lc[li], sizeof(float)) != 0 && n_lse++ == 0)
+            tr_fail(
+                "NaN in sequence %lld changed lse of sequence %lld (head %lld, row %lld): "
+                "%.9g, clean run %.9g",
+                (long long)s0, (long long)s, (long long)h, (long long)i, lb[li], lc[li]);
+          if (bwd) iso_row("dQ", bad.dq_vals, clean.dq_vals, ob, p.D, s0, s, h, i, &n_dq);
+        }
+      if (!bwd) continue;
+      for (int64_t h = 0; h < p.HK; h++)
+        for (int64_t j = 0; j < nk; j++) {
+          const size_t kbase = kidx(&p, kb, k0 + j, h, 0);
+          if (s == s0) {
+            if (col_unseen(c, nq, nk, j)) continue;
+            nan_row("dK", bad.dk_vals, kbase, p.D, s0, h, j, &miss_dk);
+            nan_row("dV", bad.dv_vals, kbase, p.D, s0, h, j, &miss_dv);
+            continue;
+          }
+          iso_row("dK", bad.dk_vals, clean.dk_vals, kbase, p.D, s0, s, h, j, &n_dk);
+          iso_row("dV", bad.dv_vals, clean.dv_vals, kbase, p.D, s0, s, h, j, &n_dv);
+        }
+    }
+    if (n_o + n_lse + n_dq + n_dk + n_dv > 1)
+      tr_fail("rows changed outside the NaN sequence: O %lld, lse %lld, dQ %lld, dK %lld, dV %lld",
+              (long long)n_o, (long long)n_lse, (long long)n_dq, (long long)n_dk, (long long)n_dv);
+    if (seen_rows == 0)
+      tr_fail("test defect: no row of NaN sequence %lld sees a key", (long long)s0);
+  }
+  run_free(&clean);
+  run_free(&bad);
+  prob_free(&p);
+}
+
 /* ---- storage rounding ------------------------------------------------------------------------
  * Two identical keys give P = 1/2 exactly, so O = (V0 + V1) / 2 exactly in
  * float32 (V entries in [0.5, 4) keep the sum exact) and the stored O must be

@@ -35,6 +35,7 @@ typedef struct acfg {
   int mut_window;   /* causal replaced by a window that lets one more key in */
   double mut_dout;  /* its backward sees dO * (1 + mut_dout); 0: none */
   int inject;       /* attn_check_nan_k: 1 NaN, 2 -inf in one K element, 3 NaN in V */
+  int nan_seq;      /* attn_check_varlen_nan: the sequence whose Q, K, V, dO are all NaN */
   uint64_t seed;    /* set from the case name by attn_register */
 } acfg;
 
@@ -66,8 +67,9 @@ void attn_check_threads(const acfg *c);   /* threads 1, 2, 2, 0: bitwise identic
 void attn_check_workspace(const acfg *c); /* caller workspace of the queried size */
 void attn_check_oracle(const acfg *c);    /* oracle vs an independent reference here */
 void attn_check_nan_q(const acfg *c);     /* NaN in one Q row stays in that row */
-void attn_check_nan_k(const acfg *c);    /* NaN/-inf in K, NaN in V: rows not seeing it are clean */
-void attn_check_rounding(const acfg *c); /* O = (V0 + V1) / 2 exactly, rounded to nearest even */
+void attn_check_nan_k(const acfg *c); /* NaN/-inf in K, NaN in V: rows not seeing it are clean */
+void attn_check_varlen_nan(const acfg *c); /* a NaN sequence leaves the others bitwise unchanged */
+void attn_check_rounding(const acfg *c);   /* O = (V0 + V1) / 2 exactly, rounded to nearest even */
 
 double attn_floor(fa_dtype dt, int backward);
 

@@ -326,6 +326,78 @@ static void reg_determinism(void) {
   attn_register_fn("workspace", workspace_fn, &c, 0);
 }
 
+/* A varlen sequence whose Q, K, V and dO are all NaN leaves the other
+ * sequences' O, lse, dQ, dK, dV bitwise unchanged: lengths off the tile sizes,
+ * GQA, the NaN sequence between, before and after the others; and decode
+ * shapes (at most 16 rows per K/V head: the CPU's split-K forward for FLASH2,
+ * several splits per sequence). */
+static void varlen_nan_fn(const void *arg) { attn_check_varlen_nan((const acfg *)arg); }
+
+static void reg_varlen_nan_case(const char *group, acfg c, const int *lq, const int *lk) {
+  static const char *pos[3] = {"first", "mid", "last"};
+  char name[64];
+  snprintf(name, sizeof name, "%s-%s", group, pos[c.nan_seq]);
+  c.backward = 1;
+  c.nseq = 3;
+  for (int i = 0; i < 3; i++) {
+    c.lens_q[i] = lq[i];
+    c.lens_k[i] = lk[i];
+  }
+  attn_register_fn(name, varlen_nan_fn, &c, 0);
+}
+
+static void reg_varlen_nan(void) {
+  static const int lq[3] = {70, 150, 93}, lk[3] = {130, 77, 190};
+  for (int a = 0; a < 3; a++)
+    for (int t = 0; t < 3; t++)
+      for (int causal = 0; causal < 2; causal++) {
+        acfg c = acfg_default();
+        c.algo = k_all_algos[a];
+        c.dtype = k_dtypes[t];
+        c.hq = 4;
+        c.hk = t == 2 ? 1 : 2;
+        c.d = t == 1 ? 40 : 64;
+        c.causal = causal; /* the 150:77 sequence's first 73 rows see no key */
+        c.nan_seq = 1;
+        reg_varlen_nan_case("varlen-nan", c, lq, lk);
+      }
+  for (int a = 0; a < 3; a++)
+    for (int last = 0; last < 2; last++) {
+      acfg c = acfg_default();
+      c.algo = k_all_algos[a];
+      c.dtype = k_dtypes[(a + 2 * last) % 3];
+      c.hq = 6;
+      c.hk = 2;
+      c.causal = (a + last) & 1;
+      c.layout = last ? TU_PADDED : TU_BNHD;
+      c.nan_seq = last ? 2 : 0;
+      reg_varlen_nan_case("varlen-nan", c, lq, lk);
+    }
+  static const int dq[3] = {1, 2, 1}, dk[3] = {700, 1300, 900};
+  for (int a = 0; a < 3; a++)
+    for (int t = 0; t < 3; t++)
+      for (int causal = 0; causal < 2; causal++) {
+        if (a > 0 && (t != a || !causal)) continue; /* flash1, standard: one case each */
+        acfg c = acfg_default();
+        c.algo = k_all_algos[a];
+        c.dtype = k_dtypes[t];
+        c.hq = 8;
+        c.hk = 2;
+        c.causal = causal;
+        c.nan_seq = 1;
+        reg_varlen_nan_case("decode-varlen-nan", c, dq, dk);
+      }
+  for (int last = 0; last < 2; last++) {
+    acfg c = acfg_default();
+    c.dtype = last ? FA_DTYPE_BF16 : FA_DTYPE_F16;
+    c.hq = 8;
+    c.hk = 2;
+    c.causal = !last;
+    c.nan_seq = last ? 2 : 0;
+    reg_varlen_nan_case("decode-varlen-nan", c, dq, dk);
+  }
+}
+
 typedef struct meta_arg {
   acfg c;
 } meta_arg;
@@ -377,5 +449,6 @@ void register_backward_tests(void) {
   reg_varlen();
   reg_layouts();
   reg_determinism();
+  reg_varlen_nan();
   reg_meta();
 }

@@ -15,6 +15,10 @@
  *   P = online softmax of S, in the accumulators (log2 domain, exp2)
  *   O += P V_j    wgmma, P from registers (the accumulator layout is the A
  *                 fragment layout), V from shared memory as an MN-major operand
+ * At D = 128 (FwdShape::OVERLAP) O += P V_j is issued together with
+ * S_{j+1}, so the tile's softmax runs under it, and the two consumer
+ * warpgroups take turns issuing (FlashAttention-3's intra-warpgroup
+ * pipelining and pingpong).
  * The producer gives its registers to the consumers (setmaxnreg). Key tiles
  * run from the last to the first, so a causal block's masked tiles come first
  * and the rest carry no masking arithmetic.
@@ -37,6 +41,12 @@ namespace sm90 {
 template <int D>
 struct FwdShape {
   static constexpr int NWG = 2, BR = 64 * NWG, BC = 128, ST = 2;
+  /* D = 128: a tile's softmax runs under the previous tile's O += P V, and
+   * the two consumer warpgroups take turns issuing their products (named
+   * barriers 2 and 3). +3-11% on the D = 128 grid; at D = 64 the same
+   * schedule was 8-14% slower, so it keeps one product at a time
+   * (docs/PERF.md, "CUDA forward") */
+  static constexpr bool OVERLAP = D > 64;
   /* the producer walks the schedule too: 24 registers spill */
   static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
   static_assert(regs_split_fits(NWG + 1, PRODUCER_REGS, CONSUMER_REGS), "registers fit");
@@ -65,10 +75,13 @@ struct FwdSmem {
 
 /* Online softmax over one S tile held as accumulators s (rows g and g + 8 of
  * the warp's 16; masked scores already -inf): folds the tile into m and l,
- * rescales o, leaves P in s. */
-template <int BC, int D>
+ * leaves P in s and the factor O's rows must be rescaled by in alpha, and
+ * rescales o row by row unless O is still the previous tile's product's
+ * target (OVERLAP: then the caller does, after waiting for it). */
+template <int BC, int D, bool OVERLAP>
 __device__ __forceinline__ void softmax_tile(float (&s)[BC / 8][4], float (&o)[D / 8][4],
-                                             float (&m)[2], float (&l)[2], float mul) {
+                                             float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                             float mul) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx = -INFINITY;
@@ -77,7 +90,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BC / 8][4], float (&o)[D
 #pragma unroll
       for (int e = 0; e < 2; ++e) mx = fmaxf(mx, s[j][2 * r + e]);
     float base;
-    const float alpha = online_rescale(m[r], mx, mul, &base);
+    alpha[r] = online_rescale(m[r], mx, mul, &base);
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < BC / 8; ++j)
@@ -87,12 +100,13 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BC / 8][4], float (&o)[D
         s[j][2 * r + e] = pe;
         sum += pe;
       }
-    l[r] = l[r] * alpha + sum;
+    l[r] = l[r] * alpha[r] + sum;
+    if (!OVERLAP)
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      o[j][2 * r] *= alpha;
-      o[j][2 * r + 1] *= alpha;
-    }
+      for (int j = 0; j < D / 8; ++j) {
+        o[j][2 * r] *= alpha[r];
+        o[j][2 * r + 1] *= alpha[r];
+      }
   }
 }
 
@@ -219,7 +233,8 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
   constexpr int LD = D + 8;
 
   Block k;
-  int i = 0; /* visited tiles so far: the ring's position */
+  int i = 0;                                      /* visited tiles so far: the ring's position */
+  if (S::OVERLAP && wg == 1) named_arrive(2, NC); /* warpgroup 0 issues first */
   for (int j = 0;; ++j) {
     mbar_wait(q_full, j & 1);
     const int blk = slot[j & 1];
@@ -232,22 +247,49 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
       for (int e = 0; e < 4; ++e) o[jj][e] = 0.f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
-    /* One body for masked and unmasked tiles; a masked tile first sets the
-     * scores outside each row's visible keys to -inf */
-    auto step = [&](const int n, const int i, const bool masked) {
-      const int st = i % ST, ph = (i / ST) & 1;
-      const int c0 = n * BC;
-      float s[BC / 8][4];
-      const uint32_t k_base = sQ + L::K0 + st * L::TBYTES;
+    /* Per key tile j:
+     *   S_j = Q K_j^T; mask, online softmax (m, l, P_j, alpha_j);
+     *   O = alpha_j O; O += P_j V_j.
+     * With OVERLAP, O += P_j V_j is issued with S_{j+1}, and the softmax of
+     * S_{j+1} runs while the tensor cores do it (FlashAttention-3's
+     * intra-warpgroup pipelining); a masked tile (its scores outside each
+     * row's visible keys set to -inf) waits for both products first. */
+    uint32_t pa[BC / 16][4];   /* P of the pending tile, A fragments */
+    int pend = -1, pend_i = 0; /* its ring stage (-1: none) and position */
+    /* issue O += P V from stage st's V (arrived) */
+    auto pv = [&](int st) {
+      const uint32_t v_base = sQ + L::V0 + st * L::TBYTES;
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk)
+        wgmma_rs<T, D>(o, pa[kk], sw128_mnmajor(v_base, kk, BC * 128), 1);
+      wg_commit();
+    };
+    /* after its wait: stage st's V back to the producer */
+    auto pv_done = [&](int st) {
+      reg_fence(o);
+      reg_fence(pa);
+      if (lane == 0) mbar_arrive(v_empty(st));
+    };
+    /* O += P V of tile i (stage st), waited for */
+    auto pv_now = [&](int st, int i) {
+      mbar_wait(v_full(st), (i / ST) & 1);
       wg_fence();
+      pv(st);
+      wg_wait<0>();
+      pv_done(st);
+    };
+    /* issue S = Q K^T of stage st */
+    auto qk = [&](float(&s)[BC / 8][4], int st) {
+      const uint32_t k_base = sQ + L::K0 + st * L::TBYTES;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
         wgmma_ss<T, BC>(s, sw128_kmajor<BR>(q_base, kk), sw128_kmajor<BC>(k_base, kk), kk > 0);
       wg_commit();
-      wg_wait<0>();
+    };
+    /* S_j arrived: K's stage back, mask, softmax (alpha for O) */
+    auto soft = [&](float(&s)[BC / 8][4], float(&alpha)[2], int n, int st, bool masked) {
       reg_fence(s);
       if (lane == 0) mbar_arrive(k_empty(st));
-
       if (masked) /* scores outside each row's visible keys -> -inf */
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
@@ -257,32 +299,79 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
           for (int jj = 0; jj < BC / 8; ++jj)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const int col = c0 + jj * 8 + 2 * t + e;
+              const int col = n * BC + jj * 8 + 2 * t + e;
               if (col < lo || col >= hi) s[jj][2 * rr + e] = -INFINITY;
             }
         }
-      softmax_tile<BC, D>(s, o, m_run, l_run, mul);
-
-      uint32_t pa[BC / 16][4];
+      softmax_tile<BC, D, S::OVERLAP>(s, o, m_run, l_run, alpha, mul);
+    };
+    /* P_j -> A fragments (OVERLAP: O rescaled first, no product in flight) */
+    auto to_a = [&](float(&s)[BC / 8][4], const float(&alpha)[2]) {
+      if (S::OVERLAP)
+#pragma unroll
+        for (int jj = 0; jj < D / 8; ++jj)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[jj][e] *= alpha[e >> 1];
 #pragma unroll
       for (int kk = 0; kk < BC / 16; ++kk) c_to_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
-      const uint32_t v_base = sQ + L::V0 + st * L::TBYTES;
-      mbar_wait(v_full(st), ph);
-      wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < BC / 16; ++kk)
-        wgmma_rs<T, D>(o, pa[kk], sw128_mnmajor(v_base, kk, BC * 128), 1);
-      wg_commit();
-      wg_wait<0>();
-      reg_fence(o);
-      reg_fence(pa);
-      if (lane == 0) mbar_arrive(v_empty(st));
     };
+    /* Pingpong (OVERLAP): warpgroup w issues a tile's products after
+     * barrier 2 + w saw the other's issue, then lets the other go (its first
+     * turn is the other's arrival at kernel start, each later one that of
+     * its last issue, also across blocks: both walk the same tiles). */
+    auto turn_take = [&]() {
+      if (S::OVERLAP) named_sync(2 + wg, NC);
+    };
+    auto turn_give = [&]() {
+      if (S::OVERLAP) named_arrive(3 - wg, NC);
+    };
+    /* Each branch leaves no product in flight: ptxas serialises every wgmma
+     * of the kernel (warning C7520) when one stays in flight across a branch
+     * or a spin wait. */
     for_each_live(k.kt.n_end - k.kt.n_begin, tile_skip(k), [&](int kk) {
-      const int n = k.kt.n_end - 1 - kk;
-      mbar_wait(k_full(i % ST), (i / ST) & 1);
-      step(n, i++, k.kt.masked(n * BC, BC, k.sv.nk));
+      const int n = k.kt.n_end - 1 - kk, st = i % ST;
+      const bool masked = k.kt.masked(n * BC, BC, k.sv.nk);
+      mbar_wait(k_full(st), (i / ST) & 1);
+      float s[BC / 8][4], alpha[2];
+      if (S::OVERLAP && pend >= 0 && !masked) { /* no branch while P V runs */
+        mbar_wait(v_full(pend), (pend_i / ST) & 1);
+        turn_take();
+        wg_fence();
+        qk(s, st);
+        pv(pend);
+        turn_give();
+        wg_wait<1>();
+        soft(s, alpha, n, st, false);
+        wg_wait<0>();
+        pv_done(pend);
+      } else if (S::OVERLAP && pend >= 0) { /* masked: both products, then the mask */
+        mbar_wait(v_full(pend), (pend_i / ST) & 1);
+        turn_take();
+        wg_fence();
+        qk(s, st);
+        pv(pend);
+        turn_give();
+        wg_wait<0>();
+        pv_done(pend);
+        soft(s, alpha, n, st, masked);
+      } else { /* the block's first tile (OVERLAP), every tile (else) */
+        turn_take();
+        wg_fence();
+        qk(s, st);
+        turn_give();
+        wg_wait<0>();
+        soft(s, alpha, n, st, masked);
+      }
+      to_a(s, alpha);
+      if (S::OVERLAP) {
+        pend = st;
+        pend_i = i;
+      } else {
+        pv_now(st, i);
+      }
+      ++i;
     });
+    if (S::OVERLAP && pend >= 0) pv_now(pend, pend_i); /* the last tile's product */
     mbar_arrive(q_empty); /* the producer may load Q and write the slot again */
 
     /* Normalise, write lse, stage O (row stride D + 8) through shared memory;

@@ -197,6 +197,10 @@ __device__ __forceinline__ MapSeq map_seq(bool packed, int b, int total, int64_t
 __device__ __forceinline__ void named_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
+/* Arrival at a named barrier of `count` threads without waiting for it. */
+__device__ __forceinline__ void named_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 /* setmaxnreg only moves registers within the CTA's allocation, which ptxas
  * sizes from __launch_bounds__(WGS * 128, 1): 64K / (WGS * 128) per thread,
  * rounded down to 8. An increase past what the other warpgroups gave back

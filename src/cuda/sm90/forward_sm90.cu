@@ -43,9 +43,10 @@ struct FwdShape {
   static constexpr int NWG = 2, BR = 64 * NWG, BC = 128, ST = 2;
   /* D = 128: a tile's softmax runs under the previous tile's O += P V, and
    * the two consumer warpgroups take turns issuing their products (named
-   * barriers 2 and 3). +3-11% on the D = 128 grid; at D = 64 the same
-   * schedule was 8-14% slower, so it keeps one product at a time
-   * (docs/PERF.md, "CUDA forward") */
+   * barriers 2 and 3): +0-8% per cell at D = 128; at D = 64 the same
+   * schedule was 8-15% slower, so it keeps one product at a time
+   * (docs/PERF.md, "CUDA forward"). Warpgroup 1's last arrival is left
+   * pending at exit (barrier state does not outlive the CTA). */
   static constexpr bool OVERLAP = D > 64;
   /* the producer walks the schedule too: 24 registers spill */
   static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;

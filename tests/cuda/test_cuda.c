@@ -10,7 +10,9 @@
  * bitwise equal. Dropout and block-sparse cases give the oracle the same
  * parameters (docs/DROPOUT.md: the same mask on every backend), and
  * check_dropout_bits reads the GPU's keep decisions out of O and dV and
- * compares them with fa_dropout_mask bit for bit.
+ * compares them with fa_dropout_mask bit for bit. A varlen case with one
+ * sequence all NaN (nanseq) checks that packed neighbours stay separate
+ * problems: every other sequence must still match the oracle.
  * Usage: test_cuda [--small] [-v]. Exits 77 with no device. */
 #include <cuda_runtime.h>
 #include <math.h>

@@ -288,6 +288,19 @@ typedef struct runopt {
   const char *label;
 } runopt;
 
+/* The options a check starts from: the case's algorithm, dtype, layout,
+ * threads and pass; the rest zero. */
+static runopt runopt_of(const acfg *c) {
+  runopt ro;
+  memset(&ro, 0, sizeof ro);
+  ro.algo = c->algo;
+  ro.dtype = c->dtype;
+  ro.layout = c->layout;
+  ro.threads = c->threads;
+  ro.backward = c->backward;
+  return ro;
+}
+
 static const char *st_name(fa_status st) {
   const char *s = fa_status_string(st);
   return s ? s : "(null)";
@@ -660,12 +673,7 @@ void attn_check_threads(const acfg *c) {
   prob p;
   prob_init(&p, c);
   tr_context("seed %#llx", (unsigned long long)c->seed);
-  runopt ro;
-  memset(&ro, 0, sizeof ro);
-  ro.algo = c->algo;
-  ro.dtype = c->dtype;
-  ro.layout = c->layout;
-  ro.backward = c->backward;
+  runopt ro = runopt_of(c);
   ro.deterministic = 1;
   run r1, r2, r2b, r0, rnd;
   ro.threads = 1;
@@ -701,12 +709,7 @@ void attn_check_workspace(const acfg *c) {
   prob p;
   prob_init(&p, c);
   tr_context("seed %#llx", (unsigned long long)c->seed);
-  runopt ro;
-  memset(&ro, 0, sizeof ro);
-  ro.algo = c->algo;
-  ro.dtype = c->dtype;
-  ro.layout = c->layout;
-  ro.backward = c->backward;
+  runopt ro = runopt_of(c);
   ro.threads = c->threads ? c->threads : 2;
   ro.deterministic = 1;
   run a, b;
@@ -878,12 +881,7 @@ void attn_check_nan_q(const acfg *c) {
   prob p;
   prob_init(&p, c); /* batch 1 */
   tr_context("seed %#llx", (unsigned long long)c->seed);
-  runopt ro;
-  memset(&ro, 0, sizeof ro);
-  ro.algo = c->algo;
-  ro.dtype = c->dtype;
-  ro.layout = c->layout;
-  ro.threads = c->threads;
+  runopt ro = runopt_of(c);
   run clean, bad;
   ro.label = "clean:";
   run_exec(&clean, &p, &ro);
@@ -914,12 +912,7 @@ void attn_check_nan_k(const acfg *c) {
   prob p;
   prob_init(&p, c); /* batch 1 */
   tr_context("seed %#llx", (unsigned long long)c->seed);
-  runopt ro;
-  memset(&ro, 0, sizeof ro);
-  ro.algo = c->algo;
-  ro.dtype = c->dtype;
-  ro.layout = c->layout;
-  ro.threads = c->threads;
+  runopt ro = runopt_of(c);
   run clean, bad;
   ro.label = "clean:";
   run_exec(&clean, &p, &ro);
@@ -1005,13 +998,7 @@ void attn_check_varlen_nan(const acfg *c) {
     prob_free(&p);
     return;
   }
-  runopt ro;
-  memset(&ro, 0, sizeof ro);
-  ro.algo = c->algo;
-  ro.dtype = c->dtype;
-  ro.layout = c->layout;
-  ro.threads = c->threads;
-  ro.backward = c->backward;
+  runopt ro = runopt_of(c);
   ro.deterministic = 1;
   run clean, bad;
   ro.label = "clean:";

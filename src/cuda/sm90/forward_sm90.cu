@@ -326,6 +326,15 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
     auto turn_give = [&]() {
       if (S::OVERLAP) named_arrive(3 - wg, NC);
     };
+    /* S of stage st and the pending tile's P V, in this warpgroup's turn */
+    auto issue_both = [&](float(&s)[BC / 8][4], int st) {
+      mbar_wait(v_full(pend), (pend_i / ST) & 1);
+      turn_take();
+      wg_fence();
+      qk(s, st);
+      pv(pend);
+      turn_give();
+    };
     /* Each branch leaves no product in flight: ptxas serialises every wgmma
      * of the kernel (warning C7520) when one stays in flight across a branch
      * or a spin wait. */
@@ -335,23 +344,13 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
       mbar_wait(k_full(st), (i / ST) & 1);
       float s[BC / 8][4], alpha[2];
       if (S::OVERLAP && pend >= 0 && !masked) { /* no branch while P V runs */
-        mbar_wait(v_full(pend), (pend_i / ST) & 1);
-        turn_take();
-        wg_fence();
-        qk(s, st);
-        pv(pend);
-        turn_give();
+        issue_both(s, st);
         wg_wait<1>();
         soft(s, alpha, n, st, false);
         wg_wait<0>();
         pv_done(pend);
       } else if (S::OVERLAP && pend >= 0) { /* masked: both products, then the mask */
-        mbar_wait(v_full(pend), (pend_i / ST) & 1);
-        turn_take();
-        wg_fence();
-        qk(s, st);
-        pv(pend);
-        turn_give();
+        issue_both(s, st);
         wg_wait<0>();
         pv_done(pend);
         soft(s, alpha, n, st, masked);

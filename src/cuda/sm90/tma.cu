@@ -26,28 +26,12 @@ static EncodeFn encode_fn() {
   return fn;
 }
 
-/* A tiled tensor map with the Hopper kernels' fixed choices (128-byte swizzle,
- * 256-byte L2 promotion, zeros outside the tensor): rank dims, their extents
- * (innermost first), the byte strides of all but the first, the box. */
-static fa_status encode_sw128(CUtensorMap *m, CUtensorMapDataType type, cuuint32_t rank,
-                              const void *base, const cuuint64_t *dims, const cuuint64_t *strides,
-                              const cuuint32_t *box) {
-  EncodeFn fn = encode_fn();
-  if (!fn) return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: cuTensorMapEncodeTiled is unavailable");
-  const cuuint32_t estr[4] = {1, 1, 1, 1};
-  CUresult r = fn(m, type, rank, const_cast<void *>(base), dims, strides, box, estr,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  /* e.g. a broadcast (zero) stride: the caller falls back to the sm_80 kernels */
-  if (r != CUDA_SUCCESS)
-    return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: cuTensorMapEncodeTiled failed (%d)", (int)r);
-  return FA_OK;
-}
-
-/* The (d, seqlen, heads, batch) map both makers share, esize-byte elements at
- * element strides ss, sh, sb, boxes of box_cols x box_rows. Dimensions of
- * extent 1 get a packed stride (theirs is arbitrary). packed (varlen,
- * seqlen = the total rows): the batch dimension (extent total + 1) is a row
+/* The (d, seqlen, heads, batch) map both makers share, with the Hopper
+ * kernels' fixed choices (128-byte swizzle, 256-byte L2 promotion, zeros
+ * outside the tensor): esize-byte elements at element strides ss, sh, sb,
+ * boxes of box_cols x box_rows. Dimensions of extent 1 get a packed stride
+ * (theirs is arbitrary). packed (varlen, seqlen = the total rows): the
+ * batch dimension (extent total + 1) is a row
  * stride too and the base moves back total rows, so coordinate (row, end)
  * addresses packed row row + end - total, and a sequence that ends at packed
  * row end, addressed from row total - len (map_seq in wgmma.cuh), has its own
@@ -67,7 +51,16 @@ static fa_status map_4d(CUtensorMap *m, CUtensorMapDataType type, int64_t esize,
   const cuuint32_t box[4] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows, 1, 1};
   /* the moved base is never read: only coordinates inside the map are */
   const char *b0 = (const char *)base - (packed ? seqlen * st[1] * esize : 0);
-  return encode_sw128(m, type, 4, b0, dims, strides, box);
+  EncodeFn fn = encode_fn();
+  if (!fn) return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: cuTensorMapEncodeTiled is unavailable");
+  const cuuint32_t estr[4] = {1, 1, 1, 1};
+  CUresult r = fn(m, type, 4, const_cast<char *>(b0), dims, strides, box, estr,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  /* e.g. a broadcast (zero) stride: the caller falls back to the sm_80 kernels */
+  if (r != CUDA_SUCCESS)
+    return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: cuTensorMapEncodeTiled failed (%d)", (int)r);
+  return FA_OK;
 }
 
 fa_status make_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t seqlen,

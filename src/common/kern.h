@@ -124,6 +124,20 @@ typedef struct fa_kern {
    * common/philox.h, eight counters per vector, bitwise fa_dropout_keep. */
   void (*dropout)(float *X, int64_t rs, int64_t cs, int64_t nr, int64_t nc, uint64_t bh, int64_t r0,
                   int64_t c0, const fa_dropout *d);
+  /* Decode in key-row order, one query row per K/V head (each K or V row
+   * read whole, in address order): row r's part of key j is at k + j*ks +
+   * r*khs bytes (dt f32 or f16, d a multiple of FA_VL). dots_rows: ST[j*ldst
+   * + r] = alpha * Q_r . K_j for j < n and r < round_up(nr, FA_VL) (lanes
+   * past nr repeat row nr - 1). softmax_step_cols: softmax_cols in base e
+   * (decode's units). pv_rows: O_r = rowscale[r] O_r + sum_{j<n} ST[j*ldp +
+   * r] V_j, r < nr. */
+  void (*softmax_step_cols)(float *ST, int64_t lds, int64_t nc, int64_t ncol, float *m, float *l,
+                            float *alpha);
+  void (*dots_rows)(int64_t nr, int64_t n, int64_t d, const float *Q, int64_t ldq, const void *k,
+                    int64_t ks, int64_t khs, fa_dtype dt, float *ST, int64_t ldst, float alpha);
+  void (*pv_rows)(int64_t nr, int64_t n, int64_t d, const float *PT, int64_t ldp, const void *v,
+                  int64_t vs, int64_t vhs, fa_dtype dt, float *O, int64_t ldo,
+                  const float *rowscale);
 } fa_kern;
 
 const fa_kern *fa_kern_get(void);

@@ -189,8 +189,15 @@ static void SFX(gemm)(const fa_gemm *g) {
 
 /* ---- softmax ------------------------------------------------------------- */
 
-static void SFX(softmax_cols)(float *ST, int64_t lds, int64_t nc, int64_t ncol, float *m, float *l,
-                              float *alpha) {
+static inline __attribute__((always_inline)) vf SFX(vexpb)(const int E2, vf x) {
+  return E2 ? SFX(vexp2)(x) : SFX(vexp)(x);
+}
+
+/* softmax_cols in base 2 (E2) or base e (decode's scores are natural units) */
+static inline __attribute__((always_inline)) void SFX(softmax_cols_base)(const int E2, float *ST,
+                                                                         int64_t lds, int64_t nc,
+                                                                         int64_t ncol, float *m,
+                                                                         float *l, float *alpha) {
   const vf ninf = vf_set1(-INFINITY), zero = vf_set1(0.0f);
   for (int64_t i = 0; i < ncol; i += FA_VL) {
     const vf mo = vf_load(m + i);
@@ -207,8 +214,8 @@ static void SFX(softmax_cols)(float *ST, int64_t lds, int64_t nc, int64_t ncol, 
     vf sum = zero, sum2 = zero;
     for (j = 0; j + 2 <= nc; j += 2) {
       float *s0 = ST + j * lds + i, *s1 = s0 + lds;
-      const vf p0 = SFX(vexp2)(vf_sub(vf_load(s0), mref));
-      const vf p1 = SFX(vexp2)(vf_sub(vf_load(s1), mref));
+      const vf p0 = SFX(vexpb)(E2, vf_sub(vf_load(s0), mref));
+      const vf p1 = SFX(vexpb)(E2, vf_sub(vf_load(s1), mref));
       vf_store(s0, p0);
       vf_store(s1, p1);
       sum = vf_add(sum, p0);
@@ -216,15 +223,25 @@ static void SFX(softmax_cols)(float *ST, int64_t lds, int64_t nc, int64_t ncol, 
     }
     if (j < nc) {
       float *s0 = ST + j * lds + i;
-      const vf p0 = SFX(vexp2)(vf_sub(vf_load(s0), mref));
+      const vf p0 = SFX(vexpb)(E2, vf_sub(vf_load(s0), mref));
       vf_store(s0, p0);
       sum = vf_add(sum, p0);
     }
-    const vf al = SFX(vexp2)(vf_sub(mo, mref));
+    const vf al = SFX(vexpb)(E2, vf_sub(mo, mref));
     vf_store(alpha + i, al);
     vf_store(l + i, vf_fma(al, vf_load(l + i), vf_add(sum, sum2)));
     vf_store(m + i, mx);
   }
+}
+
+static void SFX(softmax_cols)(float *ST, int64_t lds, int64_t nc, int64_t ncol, float *m, float *l,
+                              float *alpha) {
+  SFX(softmax_cols_base)(1, ST, lds, nc, ncol, m, l, alpha);
+}
+
+static void SFX(softmax_step_cols)(float *ST, int64_t lds, int64_t nc, int64_t ncol, float *m,
+                                   float *l, float *alpha) {
+  SFX(softmax_cols_base)(0, ST, lds, nc, ncol, m, l, alpha);
 }
 
 /* n floats of x -> vectors, with -inf (or 0) in the lanes past n */
@@ -665,6 +682,75 @@ static void SFX(pv_kv)(int64_t m, int64_t n, int64_t d, const float *P, int64_t 
   }
 }
 
+/* ---- decode in key-row order ---------------------------------------------- */
+
+/* One query row per K/V head: key j's row holds every head's part side by
+ * side, and reading it whole, in address order, is what the hardware
+ * prefetcher streams (head by head, a head's 256 bytes every 2 KiB, it
+ * fetched half the bandwidth: docs/PERF.md, CPU F2). */
+static inline __attribute__((always_inline)) void SFX(dots_rows_dt)(
+    int64_t nr, int64_t n, int64_t d, const float *Q, int64_t ldq, const char *k, int64_t ks,
+    int64_t khs, const fa_dtype dt, float *ST, int64_t ldst, float alpha) {
+  const vf va = vf_set1(alpha), zero = vf_set1(0.0f);
+  for (int64_t j = 0; j < n; j++)
+    for (int64_t r0 = 0; r0 < nr; r0 += FA_VL) {
+      vf acc[FA_VL];
+#pragma GCC unroll 8
+      for (int rl = 0; rl < FA_VL; rl++) { /* past nr: repeat the last row, discarded */
+        const int64_t r = r0 + rl < nr ? r0 + rl : nr - 1;
+        const float *q = Q + r * ldq;
+        const char *kh = k + j * ks + r * khs;
+        vf a = zero, b = zero; /* two chains: FMA latency */
+        int64_t c = 0;
+        for (; c + 2 * FA_VL <= d; c += 2 * FA_VL) {
+          a = vf_fma(vf_load(q + c), SFX(load_kv8)(kh, c, dt), a);
+          b = vf_fma(vf_load(q + c + FA_VL), SFX(load_kv8)(kh, c + FA_VL, dt), b);
+        }
+        if (c < d) a = vf_fma(vf_load(q + c), SFX(load_kv8)(kh, c, dt), a);
+        acc[rl] = vf_add(a, b);
+      }
+      vf_store(ST + j * ldst + r0, vf_mul(va, vf_sum8(acc)));
+    }
+}
+
+static void SFX(dots_rows)(int64_t nr, int64_t n, int64_t d, const float *Q, int64_t ldq,
+                           const void *k, int64_t ks, int64_t khs, fa_dtype dt, float *ST,
+                           int64_t ldst, float alpha) {
+  if (dt == FA_DTYPE_F16)
+    SFX(dots_rows_dt)(nr, n, d, Q, ldq, k, ks, khs, FA_DTYPE_F16, ST, ldst, alpha);
+  else
+    SFX(dots_rows_dt)(nr, n, d, Q, ldq, k, ks, khs, FA_DTYPE_F32, ST, ldst, alpha);
+}
+
+/* The O rows stay in L1 (Hk x D floats) and take one key at a time, so V
+ * is read in address order too. */
+static inline __attribute__((always_inline)) void SFX(pv_rows_dt)(
+    int64_t nr, int64_t n, int64_t d, const float *PT, int64_t ldp, const char *v, int64_t vs,
+    int64_t vhs, const fa_dtype dt, float *O, int64_t ldo, const float *rowscale) {
+  for (int64_t r = 0; r < nr; r++) {
+    const vf s = vf_set1(rowscale[r]);
+    float *o = O + r * ldo;
+    for (int64_t c = 0; c < d; c += FA_VL) vf_store(o + c, vf_mul(vf_load(o + c), s));
+  }
+  for (int64_t j = 0; j < n; j++)
+    for (int64_t r = 0; r < nr; r++) {
+      const vf p = vf_set1(PT[j * ldp + r]);
+      const char *vh = v + j * vs + r * vhs;
+      float *o = O + r * ldo;
+      for (int64_t c = 0; c < d; c += FA_VL)
+        vf_store(o + c, vf_fma(p, SFX(load_kv8)(vh, c, dt), vf_load(o + c)));
+    }
+}
+
+static void SFX(pv_rows)(int64_t nr, int64_t n, int64_t d, const float *PT, int64_t ldp,
+                         const void *v, int64_t vs, int64_t vhs, fa_dtype dt, float *O, int64_t ldo,
+                         const float *rowscale) {
+  if (dt == FA_DTYPE_F16)
+    SFX(pv_rows_dt)(nr, n, d, PT, ldp, v, vs, vhs, FA_DTYPE_F16, O, ldo, rowscale);
+  else
+    SFX(pv_rows_dt)(nr, n, d, PT, ldp, v, vs, vhs, FA_DTYPE_F32, O, ldo, rowscale);
+}
+
 static void SFX(store_row)(void *dst, const float *src, float s, fa_dtype dt, int64_t n) {
   const vf vs = vf_set1(s);
   int64_t i = 0;
@@ -719,8 +805,23 @@ static void SFX(dropout)(float *X, int64_t rs, int64_t cs, int64_t nr, int64_t n
 }
 
 const fa_kern SFX(fa_kern) = {
-    KB_ISA,         SFX(gemm),     SFX(softmax_cols), SFX(softmax_rows),
-    SFX(exp_rows),  SFX(dsoftmax), SFX(load_panels),  SFX(load_panels_t),
-    SFX(store_row), SFX(rowdot),   SFX(exp),          SFX(softmax_step_rows),
-    SFX(load_kv),   SFX(dots_kv),  SFX(pv_kv),        SFX(dropout),
+    KB_ISA,
+    SFX(gemm),
+    SFX(softmax_cols),
+    SFX(softmax_rows),
+    SFX(exp_rows),
+    SFX(dsoftmax),
+    SFX(load_panels),
+    SFX(load_panels_t),
+    SFX(store_row),
+    SFX(rowdot),
+    SFX(exp),
+    SFX(softmax_step_rows),
+    SFX(load_kv),
+    SFX(dots_kv),
+    SFX(pv_kv),
+    SFX(dropout),
+    SFX(softmax_step_cols),
+    SFX(dots_rows),
+    SFX(pv_rows),
 };

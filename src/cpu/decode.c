@@ -6,23 +6,33 @@
  * The keys of each sequence are cut into a fixed number of splits chosen from
  * the problem alone (never from the thread count), so results are bitwise the
  * same on any number of threads. A work unit is one split of one sequence,
- * every K/V head: block by block (DEC_BK keys), head by head, so (B, N, H, D)
- * storage streams contiguously. Per head and block: S = Q K^T by dot products
- * along D for every query row of the head's GQA group (they share each K row),
- * the online softmax along the rows, O += P V; f32 and f16 K/V (D a multiple
- * of 8) are converted in registers, other cases into float32 rows first.
- * Each (split, head) leaves its unnormalised O and (m, l) in the workspace; a
- * second pass combines the splits of each row in split order: M = max m_s,
- * L = sum e^(m_s - M) l_s, O = sum e^(m_s - M) O_s / L, lse = M + log L.
+ * every K/V head, block by block (DEC_BK keys). With one query row per K/V
+ * head, a block with nothing to apply per element (no partial mask, softcap,
+ * ALiBi, block mask or dropout; f32 or f16 rows, D a multiple of 8) runs
+ * every head at once in key-row order
+ * (kern.h's dots_rows, softmax_step_cols, pv_rows): each K row, then each V
+ * row, is read whole and in address order, which the hardware prefetcher
+ * streams at the core's full DRAM bandwidth; head by head (2 KiB row stride,
+ * a head's 256 bytes at a time) it fetched half of that. Other blocks, and
+ * GQA groups (whose rows share each K and V vector: compute-bound), go
+ * head by head: S = Q K^T by dot products along D for every query row of the
+ * head's GQA group, the online softmax along the rows, O += P V, with the
+ * masks applied per element and software prefetches for the next block.
+ * Each split leaves its unnormalised O and (m, l) for every row in the
+ * workspace; a second pass combines the splits of each row in split order:
+ * M = max m_s, L = sum e^(m_s - M) l_s, O = sum e^(m_s - M) O_s / L,
+ * lse = M + log L.
  *
  * Rows of a head are head-major: row g*nq + i is query i of query head
  * hk*group + g, so softcap, ALiBi, block masks and dropout apply per query
- * head on row blocks as in the tile path.
+ * head on row blocks as in the tile path; row hk*rows + g*nq + i of a split
+ * is that row of K/V head hk.
  *
- * Workspace (floats, each buffer rounded up to 64 bytes), rows = Nq * group:
- * per thread Q (Hk x rows x Dp), K and V (DEC_BK x Dp), S (rows x DEC_BK),
- * alpha and two int32 ranges (rows), Hk head records; per (sequence, split,
- * K/V head) O (rows x Dp), m and l (rows): O(rows * D) per split and head. */
+ * Workspace (floats, each buffer rounded up to 64 bytes), rows = Nq * group,
+ * rall = Hk * rows, rall8 = rall rounded up to 8: per thread Q (rall x Dp),
+ * K and V (DEC_BK x Dp), S (DEC_BK x rall8), alpha (rall8), two int32 ranges
+ * (rows), Hk head records; per (sequence, split) O (rall x Dp), m and l
+ * (rall8): O(rall * D) per split. */
 #include <omp.h>
 
 #include "cpu/cpu.h"
@@ -40,9 +50,10 @@ int cpu_decode_applies(const fa_problem *pb) {
 }
 
 typedef struct dec_plan {
-  int64_t nq, rows; /* query rows per sequence (the longest) and per unit */
-  int64_t split;    /* keys per split, a multiple of DEC_BK */
-  int64_t nsplit;   /* splits per (sequence, K/V head) */
+  int64_t nq, rows;    /* query rows per sequence (the longest) and per K/V head */
+  int64_t rall, rall8; /* rows of every K/V head, and rounded up to whole vectors */
+  int64_t split;       /* keys per split, a multiple of DEC_BK */
+  int64_t nsplit;      /* splits per (sequence, K/V head) */
   int64_t units;
   int nt;
 } dec_plan;
@@ -51,6 +62,8 @@ static dec_plan dec_make_plan(const fa_problem *pb) {
   dec_plan p;
   p.nq = pb->max_seqlen_q;
   p.rows = p.nq * pb->group;
+  p.rall = p.rows * pb->heads_k;
+  p.rall8 = fa_round_up(p.rall, FA_VL);
   const int64_t nk = cpu_max(1, pb->max_seqlen_k);
   p.split = cpu_max(DEC_MIN_SPLIT, fa_round_up(cpu_cdiv(nk, DEC_MAX_SPLITS), DEC_BK));
   p.nsplit = cpu_cdiv(nk, p.split);
@@ -82,8 +95,8 @@ static size_t dec_thread_layout(const cpu_ctx *c, const dec_plan *p, char *base,
   t.Q = cpu_take(&cv, c->pb->heads_k * p->rows * c->Dp);
   t.K = cpu_take(&cv, DEC_BK * c->Dp);
   t.V = cpu_take(&cv, DEC_BK * c->Dp);
-  t.S = cpu_take(&cv, p->rows * DEC_BK);
-  t.alpha = cpu_take(&cv, p->rows);
+  t.S = cpu_take(&cv, p->rall8 * DEC_BK); /* rows x DEC_BK, or DEC_BK x rall8 */
+  t.alpha = cpu_take(&cv, p->rall8);
   t.klo = (int32_t *)cpu_take(&cv, p->rows);
   t.khi = (int32_t *)cpu_take(&cv, p->rows);
   t.heads = (dec_head *)cpu_take(
@@ -95,9 +108,9 @@ static size_t dec_thread_layout(const cpu_ctx *c, const dec_plan *p, char *base,
 static size_t dec_state_layout(const cpu_ctx *c, const dec_plan *p, char *base, dec_state *st) {
   cpu_carver cv = {base, 0};
   dec_state t;
-  t.O = cpu_take(&cv, p->rows * c->Dp);
-  t.m = cpu_take(&cv, p->rows);
-  t.l = cpu_take(&cv, p->rows);
+  t.O = cpu_take(&cv, p->rall * c->Dp);
+  t.m = cpu_take(&cv, p->rall8);
+  t.l = cpu_take(&cv, p->rall8);
   if (st) *st = t;
   return cv.off;
 }
@@ -109,7 +122,7 @@ size_t cpu_decode_workspace(const fa_problem *pb) {
   dec_ctx(&c, pb);
   const dec_plan p = dec_make_plan(pb);
   return (size_t)p.nt * dec_thread_layout(&c, &p, NULL, NULL) +
-         (size_t)(p.units * pb->heads_k) * dec_state_layout(&c, &p, NULL, NULL);
+         (size_t)p.units * dec_state_layout(&c, &p, NULL, NULL);
 }
 
 /* Keys [c0, c0+nc) of K/V head hk into its rows' O, m, l. */
@@ -168,6 +181,21 @@ static void dec_block(const cpu_ctx *c, dec_bufs *b, dec_head *hd, int64_t hk, i
                DEC_PREFETCH, npf);
 }
 
+/* Keys [c0, c0+nc) for every K/V head at once (one query row each), in
+ * key-row order (kern.h's dots_rows / pv_rows): the path of blocks with
+ * nothing to apply per element, f32 or f16 rows read in place. */
+static void dec_rows_block(const cpu_ctx *c, const dec_plan *p, const dec_bufs *b,
+                           const dec_state *st, const fa_seq *sq, int64_t c0, int64_t nc) {
+  const fa_problem *pb = c->pb;
+  const int64_t es = c->esize;
+  c->kn->dots_rows(p->rall, nc, c->Dp, b->Q, c->Dp, cpu_row(c, &pb->k, sq->kb, sq->k0 + c0, 0),
+                   pb->k.stride_seq * es, pb->k.stride_head * es, pb->dtype, b->S, p->rall8,
+                   c->scale);
+  c->kn->softmax_step_cols(b->S, p->rall8, nc, p->rall8, st->m, st->l, b->alpha);
+  c->kn->pv_rows(p->rall, nc, c->Dp, b->S, p->rall8, cpu_row(c, &pb->v, sq->kb, sq->k0 + c0, 0),
+                 pb->v.stride_seq * es, pb->v.stride_head * es, pb->dtype, st->O, c->Dp, b->alpha);
+}
+
 /* Split sp of sequence s, every K/V head: block by block, the heads of a
  * block in turn, so that in (B, N, H, D) storage the keys stream through
  * memory contiguously (one head at a time would read 1/H of each key row
@@ -177,14 +205,15 @@ static void dec_split(const cpu_ctx *c, const dec_plan *p, dec_bufs *b, char *st
   const fa_problem *pb = c->pb;
   const int64_t Dp = c->Dp, G = pb->group, Hk = pb->heads_k;
   const fa_seq sq = fa_problem_seq(pb, s);
-  const int64_t nq = sq.nq;
+  const int64_t nq = sq.nq, rows = p->rows;
   dec_head *hd = b->heads;
-  for (int64_t hk = 0; hk < Hk; hk++) {
-    dec_state_layout(c, p, states + (size_t)((s * Hk + hk) * p->nsplit + sp) * sslice, &hd[hk].st);
-    tile_fill(hd[hk].st.O, Dp, p->rows, Dp, 0.0f);
-    tile_fill(hd[hk].st.m, 1, p->rows, 1, -INFINITY);
-    tile_fill(hd[hk].st.l, 1, p->rows, 1, 0.0f);
-  }
+  dec_state st; /* every K/V head's rows of this split */
+  dec_state_layout(c, p, states + (size_t)(s * p->nsplit + sp) * sslice, &st);
+  tile_fill(st.O, Dp, p->rall, Dp, 0.0f);
+  tile_fill(st.m, 1, p->rall8, 1, -INFINITY);
+  tile_fill(st.l, 1, p->rall8, 1, 0.0f);
+  for (int64_t hk = 0; hk < Hk; hk++)
+    hd[hk].st = (dec_state){st.O + hk * rows * Dp, st.m + hk * rows, st.l + hk * rows};
   if (nq == 0) return;
   int64_t klo, khi;
   const fa_mask mk = fa_mask_make(nq, sq.nk, pb->params->causal, pb->params->window_enabled,
@@ -193,11 +222,16 @@ static void dec_split(const cpu_ctx *c, const dec_plan *p, dec_bufs *b, char *st
   klo = cpu_max(klo, sp * p->split);
   khi = cpu_min(khi, (sp + 1) * p->split);
   if (klo >= khi) return;
+  const fa_params *pr = pb->params;
+  /* blocks with nothing to apply per element take the key-row path */
+  int rowwise = rows == 1 && (pb->dtype == FA_DTYPE_F32 || pb->dtype == FA_DTYPE_F16) &&
+                c->D == Dp && c->cap == 0.0f && pr->dropout_p == 0.0f && !pr->block_mask;
   for (int64_t hk = 0; hk < Hk; hk++) {
-    float *Q = b->Q + hk * p->rows * Dp;
+    float *Q = b->Q + hk * rows * Dp;
     hd[hk].Q = Q;
     for (int64_t g = 0; g < G; g++) {
       cpu_unit_init(&hd[hk].u[g], c, s, hk * G + g);
+      rowwise &= hd[hk].u[g].slope == 0.0f;
       for (int64_t i = 0; i < nq; i++)
         c->kn->load_panels(Q + (g * nq + i) * Dp, (int)Dp, 0,
                            cpu_row(c, &pb->q, sq.qb, sq.q0 + i, hk * G + g),
@@ -218,6 +252,11 @@ static void dec_split(const cpu_ctx *c, const dec_plan *p, dec_bufs *b, char *st
   const int whole = Hk > 1 && pb->k.stride_head == D && pb->v.stride_head == D;
   const int64_t span = Hk * D * es, ks = pb->k.stride_seq * es, vs = pb->v.stride_seq * es;
   for (int64_t c0 = klo; c0 < khi; c0 += DEC_BK) {
+    const int64_t nc = cpu_min(DEC_BK, khi - c0);
+    if (rowwise && !cpu_tile_partial(&mk, 0, nq, c0, nc)) {
+      dec_rows_block(c, p, b, &st, &sq, c0, nc);
+      continue;
+    }
     const int64_t n1 = cpu_min(DEC_BK, khi - c0 - DEC_BK); /* next block's keys */
     for (int64_t hk = 0; hk < Hk; hk++) {
       /* K's share before the head's block, V's after it: two bursts half
@@ -230,7 +269,7 @@ static void dec_split(const cpu_ctx *c, const dec_plan *p, dec_bufs *b, char *st
         for (int64_t j = j0; j < j1; j++)
           for (int64_t o = 0; o < span; o += 64) __builtin_prefetch(k1 + j * ks + o, 0, 2);
       }
-      dec_block(c, b, &hd[hk], hk, c0, cpu_min(DEC_BK, khi - c0), khi);
+      dec_block(c, b, &hd[hk], hk, c0, nc, khi);
       if (v1)
         for (int64_t j = j0; j < j1; j++)
           for (int64_t o = 0; o < span; o += 64) __builtin_prefetch(v1 + j * vs + o, 0, 2);
@@ -245,12 +284,12 @@ static void dec_combine(const cpu_ctx *c, const dec_plan *p, char *states, size_
   const fa_problem *pb = c->pb;
   const int64_t Dp = c->Dp, G = pb->group;
   float acc[FA_MAX_HEADDIM + FA_VL];
-  const int64_t nq = fa_problem_seq(pb, s).nq, base = (s * pb->heads_k + hk) * p->nsplit;
+  const int64_t nq = fa_problem_seq(pb, s).nq, base = s * p->nsplit;
   for (int64_t g = 0; g < G && nq > 0; g++) {
     cpu_unit u;
     cpu_unit_init(&u, c, s, hk * G + g);
     for (int64_t i = 0; i < nq; i++) {
-      const int64_t r = g * nq + i;
+      const int64_t r = hk * p->rows + g * nq + i;
       float M = -INFINITY, L = 0.0f;
       for (int64_t sp = 0; sp < p->nsplit; sp++) {
         dec_state st;

@@ -127,8 +127,8 @@ typedef struct fa_kern {
   /* Decode in key-row order, one query row per K/V head (each K or V row
    * read whole, in address order): row r's part of key j is at k + j*ks +
    * r*khs bytes (dt f32 or f16, d a multiple of FA_VL). dots_rows: ST[j*ldst
-   * + r] = alpha * Q_r . K_j for j < n and r < round_up(nr, FA_VL) (lanes
-   * past nr repeat row nr - 1). softmax_step_cols: softmax_cols in base e
+   * + r] = alpha * Q_r . K_j for j < n and r < round_up(nr, FA_VL) (0 in the
+   * lanes past nr). softmax_step_cols: softmax_cols in base e
    * (decode's units). pv_rows: O_r = rowscale[r] O_r + sum_{j<n} ST[j*ldp +
    * r] V_j, r < nr. */
   void (*softmax_step_cols)(float *ST, int64_t lds, int64_t nc, int64_t ncol, float *m, float *l,

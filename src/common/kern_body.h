@@ -696,8 +696,10 @@ static inline __attribute__((always_inline)) void SFX(dots_rows_dt)(
     for (int64_t r0 = 0; r0 < nr; r0 += FA_VL) {
       vf acc[FA_VL];
 #pragma GCC unroll 8
-      for (int rl = 0; rl < FA_VL; rl++) { /* past nr: repeat the last row, discarded */
-        const int64_t r = r0 + rl < nr ? r0 + rl : nr - 1;
+      for (int rl = 0; rl < FA_VL; rl++) {
+        const int64_t r = r0 + rl;
+        acc[rl] = zero; /* lanes past nr: 0, no loads */
+        if (r >= nr) continue;
         const float *q = Q + r * ldq;
         const char *kh = k + j * ks + r * khs;
         vf a = zero, b = zero; /* two chains: FMA latency */

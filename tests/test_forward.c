@@ -364,6 +364,22 @@ static void reg_decode(void) {
     reg("decode-gqa", &c);
     if (i < 2) attn_register_fn("decode-threads", threads_fn, &c, 0);
   }
+  /* One query row per K/V head: whole K and V rows in key order
+   * (dots_rows / pv_rows), across more heads than a vector has lanes, a
+   * partial group of lanes, one head, every dtype, and the strided layouts */
+  static const int rows_h[6] = {12, 20, 1, 8, 3, 9}, rows_d[6] = {128, 64, 256, 128, 96, 64};
+  for (int i = 0; i < 6; i++) {
+    acfg c = acfg_default();
+    c.dtype = k_dtypes[i % 3];
+    c.nq = 1;
+    c.nk = 1100 + 13 * i;
+    c.hq = c.hk = rows_h[i];
+    c.d = rows_d[i];
+    c.causal = i & 1;
+    c.layout = i == 4 ? TU_PADDED : i == 5 ? TU_BHND : TU_BNHD;
+    reg("decode-rows", &c);
+    if (i == 0) attn_register_fn("decode-threads", threads_fn, &c, 0);
+  }
   acfg c = acfg_default();
   c.nq = 1;
   c.nk = 2500;

@@ -105,8 +105,8 @@ typedef struct fa_kern {
   void (*load_kv)(float *K, float *V, int64_t ld, const void *k, int64_t ks, const void *v,
                   int64_t vs, fa_dtype dt, int64_t nr, int64_t d, int64_t pf, int64_t npf);
 
-  /* dots and O += P V with K and V read straight from storage rows (dt f32
-   * or f16, d a multiple of FA_VL; row j at k + j*ks bytes), converted in
+  /* dots and O += P V with K and V read straight from storage rows (dt f32,
+   * f16 or bf16, d a multiple of FA_VL; row j at k + j*ks bytes), converted in
    * registers, never stored: decode's whole job is streaming K and V once.
    * dots_kv: S[r*lds + j] = alpha * sum_c Q[r*ldq + c] K_j[c], r < m, j < n.
    * pv_kv: O[r*ldo + c] = rowscale[r] O[r*ldo + c] + sum_j P[r*ldp + j] V_j[c]
@@ -126,7 +126,7 @@ typedef struct fa_kern {
                   int64_t c0, const fa_dropout *d);
   /* Decode in key-row order, one query row per K/V head (each K or V row
    * read whole, in address order): row r's part of key j is at k + j*ks +
-   * r*khs bytes (dt f32 or f16, d a multiple of FA_VL). dots_rows: ST[j*ldst
+   * r*khs bytes (dt f32, f16 or bf16, d a multiple of FA_VL). dots_rows: ST[j*ldst
    * + r] = alpha * Q_r . K_j for j < n and r < round_up(nr, FA_VL) (0 in the
    * lanes past nr). softmax_step_cols: softmax_cols in base e
    * (decode's units). pv_rows: O_r = rowscale[r] O_r + sum_{j<n} ST[j*ldp +

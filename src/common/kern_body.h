@@ -4,7 +4,7 @@
  *   vf_fma(a, b, c) = a*b + c, vf_max(a, b) / vf_min(a, b) (b when either is NaN),
  *   vf_sel_eq(x, y, a, b) = x == y ? a : b, vf_sel_ne0(p, a) = p != 0 ? a : 0,
  *   vf_bits/vf_from_bits (reinterpret), vi_add_shl23(u, k) = (u + k) << 23,
- *   vf_load_f16(const uint16_t *), vf_store_f16(uint16_t *, vf),
+ *   vf_load_f16(const uint16_t *), vf_store_f16(uint16_t *, vf), vf_load_bf16,
  *   vf_sum8(const vf v[8]): lane i = ((v_i0 + v_i1) + (v_i2 + v_i3)) +
  *   ((v_i4 + v_i5) + (v_i6 + v_i7)), the order of AVX's hadd tree;
  *   vf_transpose8(vf v[8]): in place, lane j of v[i] <-> lane i of v[j];
@@ -387,13 +387,15 @@ static void SFX(softmax_step_rows)(float *S, int64_t lds, int64_t nr, int64_t n,
 
 /* ---- loads and stores ----------------------------------------------------- */
 
-/* 8 elements of a storage row to float32 (f16 through vf_load_f16). */
+/* 8 elements of a storage row to float32 (f16 and bf16 in registers). */
 static inline vf SFX(load8)(const void *src, int64_t i, fa_dtype dt) {
   switch (dt) {
     case FA_DTYPE_F32:
       return vf_load((const float *)src + i);
     case FA_DTYPE_F16:
       return vf_load_f16((const uint16_t *)src + i);
+    case FA_DTYPE_BF16:
+      return vf_load_bf16((const uint16_t *)src + i);
     default: {
       float t[FA_VL];
       fa_load_row_f32(t, (const char *)src + i * (int64_t)fa_dtype_size(dt), dt, FA_VL);
@@ -458,6 +460,8 @@ static inline void SFX(conv_row)(float *dst, const char *src, fa_dtype dt, int64
   int64_t c = 0;
   if (dt == FA_DTYPE_F16)
     for (; c < dv; c += FA_VL) vf_store(dst + c, vf_load_f16((const uint16_t *)src + c));
+  else if (dt == FA_DTYPE_BF16)
+    for (; c < dv; c += FA_VL) vf_store(dst + c, vf_load_bf16((const uint16_t *)src + c));
   else if (dt == FA_DTYPE_F32)
     for (; c < dv; c += FA_VL) vf_store(dst + c, vf_load((const float *)src + c));
   if (c < d) /* row-major: one panel as wide as any row */
@@ -480,9 +484,12 @@ static void SFX(load_kv)(float *K, float *V, int64_t ld, const void *k, int64_t 
   }
 }
 
+/* decode's K/V rows read in place: f32, f16 or bf16 (dt a constant wherever
+ * this inlines: the kernels below are instantiated once per dtype) */
 static inline vf SFX(load_kv8)(const void *row, int64_t c, fa_dtype dt) {
-  return dt == FA_DTYPE_F16 ? vf_load_f16((const uint16_t *)row + c)
-                            : vf_load((const float *)row + c);
+  return dt == FA_DTYPE_F16    ? vf_load_f16((const uint16_t *)row + c)
+         : dt == FA_DTYPE_BF16 ? vf_load_bf16((const uint16_t *)row + c)
+                               : vf_load((const float *)row + c);
 }
 
 static inline void SFX(prefetch_row)(const char *row, int64_t bytes) {
@@ -515,8 +522,9 @@ static inline __attribute__((always_inline)) vf SFX(dots_tile)(const int RG, con
 #define KB_DT(RG)                                                                               \
   static void SFX(dots_tile##RG)(const float *q, int64_t ldq, const char *const *kr, int64_t d, \
                                  fa_dtype dt, float *out) {                                     \
-    vf_store(out, dt == FA_DTYPE_F16 ? SFX(dots_tile)(RG, q, ldq, kr, d, FA_DTYPE_F16)          \
-                                     : SFX(dots_tile)(RG, q, ldq, kr, d, FA_DTYPE_F32));        \
+    vf_store(out, dt == FA_DTYPE_F16    ? SFX(dots_tile)(RG, q, ldq, kr, d, FA_DTYPE_F16)       \
+                  : dt == FA_DTYPE_BF16 ? SFX(dots_tile)(RG, q, ldq, kr, d, FA_DTYPE_BF16)      \
+                                        : SFX(dots_tile)(RG, q, ldq, kr, d, FA_DTYPE_F32));     \
   }
 KB_DT(1)
 KB_DT(2)
@@ -578,6 +586,8 @@ static inline __attribute__((always_inline)) void SFX(pv_kv_cols)(
                                   int64_t bytes, int64_t pf, int64_t npf) {                \
     if (dt == FA_DTYPE_F16)                                                                \
       SFX(pv_kv_cols)(CG, p, vc, vs, FA_DTYPE_F16, o, s, a, b, c0, bytes, pf, npf);        \
+    else if (dt == FA_DTYPE_BF16)                                                          \
+      SFX(pv_kv_cols)(CG, p, vc, vs, FA_DTYPE_BF16, o, s, a, b, c0, bytes, pf, npf);       \
     else                                                                                   \
       SFX(pv_kv_cols)(CG, p, vc, vs, FA_DTYPE_F32, o, s, a, b, c0, bytes, pf, npf);        \
   }
@@ -639,6 +649,8 @@ static inline __attribute__((always_inline)) void SFX(pv_tile)(
                                int64_t n, int64_t c0) {                                   \
     if (dt == FA_DTYPE_F16)                                                               \
       SFX(pv_tile)(RG, CG, P, ldp, vc, vs, FA_DTYPE_F16, O, ldo, rowscale, n, c0);        \
+    else if (dt == FA_DTYPE_BF16)                                                         \
+      SFX(pv_tile)(RG, CG, P, ldp, vc, vs, FA_DTYPE_BF16, O, ldo, rowscale, n, c0);       \
     else                                                                                  \
       SFX(pv_tile)(RG, CG, P, ldp, vc, vs, FA_DTYPE_F32, O, ldo, rowscale, n, c0);        \
   }
@@ -720,6 +732,8 @@ static void SFX(dots_rows)(int64_t nr, int64_t n, int64_t d, const float *Q, int
                            int64_t ldst, float alpha) {
   if (dt == FA_DTYPE_F16)
     SFX(dots_rows_dt)(nr, n, d, Q, ldq, k, ks, khs, FA_DTYPE_F16, ST, ldst, alpha);
+  else if (dt == FA_DTYPE_BF16)
+    SFX(dots_rows_dt)(nr, n, d, Q, ldq, k, ks, khs, FA_DTYPE_BF16, ST, ldst, alpha);
   else
     SFX(dots_rows_dt)(nr, n, d, Q, ldq, k, ks, khs, FA_DTYPE_F32, ST, ldst, alpha);
 }
@@ -749,6 +763,8 @@ static void SFX(pv_rows)(int64_t nr, int64_t n, int64_t d, const float *PT, int6
                          const float *rowscale) {
   if (dt == FA_DTYPE_F16)
     SFX(pv_rows_dt)(nr, n, d, PT, ldp, v, vs, vhs, FA_DTYPE_F16, O, ldo, rowscale);
+  else if (dt == FA_DTYPE_BF16)
+    SFX(pv_rows_dt)(nr, n, d, PT, ldp, v, vs, vhs, FA_DTYPE_BF16, O, ldo, rowscale);
   else
     SFX(pv_rows_dt)(nr, n, d, PT, ldp, v, vs, vhs, FA_DTYPE_F32, O, ldo, rowscale);
 }

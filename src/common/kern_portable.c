@@ -52,6 +52,11 @@ static inline vf vf_load_f16(const uint16_t *p) {
   for (int i = 0; i < 8; i++) t[i] = fa_f16_to_f32(p[i]);
   return vf_load(t);
 }
+static inline vf vf_load_bf16(const uint16_t *p) {
+  float t[8];
+  for (int i = 0; i < 8; i++) t[i] = fa_bf16_to_f32(p[i]);
+  return vf_load(t);
+}
 static inline void vf_store_f16(uint16_t *p, vf v) {
   for (int i = 0; i < 8; i++) p[i] = fa_f32_to_f16(v[i]);
 }

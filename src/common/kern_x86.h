@@ -51,6 +51,10 @@ static inline vf vf_sel_ge_u(vi x, uint32_t t, float a) { /* x >= t (unsigned) ?
 static inline vf vf_load_f16(const uint16_t *p) {
   return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
+static inline vf vf_load_bf16(const uint16_t *p) { /* bf16 is float32's upper half */
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
 static inline void vf_store_f16(uint16_t *p, vf v) {
   _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
 }

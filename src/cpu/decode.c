@@ -8,7 +8,7 @@
  * same on any number of threads. A work unit is one split of one sequence,
  * every K/V head, block by block (DEC_BK keys). With one query row per K/V
  * head, a block with nothing to apply per element (no partial mask, softcap,
- * ALiBi, block mask or dropout; f32 or f16 rows, D a multiple of 8) runs
+ * ALiBi, block mask or dropout; f32, f16 or bf16 rows, D a multiple of 8) runs
  * every head at once in key-row order
  * (kern.h's dots_rows, softmax_step_cols, pv_rows): each K row, then each V
  * row, is read whole and in address order, which the hardware prefetcher
@@ -125,6 +125,13 @@ size_t cpu_decode_workspace(const fa_problem *pb) {
          (size_t)p.units * dec_state_layout(&c, &p, NULL, NULL);
 }
 
+/* K and V rows read in place by the kernels (kern.h's load_kv8 dtypes, whole
+ * vectors), not converted into float32 rows first. */
+static int dec_direct(const cpu_ctx *c) {
+  const fa_dtype dt = c->pb->dtype;
+  return (dt == FA_DTYPE_F32 || dt == FA_DTYPE_F16 || dt == FA_DTYPE_BF16) && c->D == c->Dp;
+}
+
 /* Keys [c0, c0+nc) of K/V head hk into its rows' O, m, l. */
 static void dec_block(const cpu_ctx *c, dec_bufs *b, dec_head *hd, int64_t hk, int64_t c0,
                       int64_t nc, int64_t kend) {
@@ -141,7 +148,7 @@ static void dec_block(const cpu_ctx *c, dec_bufs *b, dec_head *hd, int64_t hk, i
   if (!needed) return;
   /* K and V straight from storage (f32, f16 with whole vectors), else
    * converted to float32 rows in b->K, b->V first */
-  const int direct = (pb->dtype == FA_DTYPE_F32 || pb->dtype == FA_DTYPE_F16) && c->D == Dp;
+  const int direct = dec_direct(c);
   const int64_t ks = pb->k.stride_seq * (int64_t)c->esize,
                 vs = pb->v.stride_seq * (int64_t)c->esize;
   const char *k = cpu_row(c, &pb->k, sq->kb, sq->k0 + c0, hk);
@@ -183,7 +190,7 @@ static void dec_block(const cpu_ctx *c, dec_bufs *b, dec_head *hd, int64_t hk, i
 
 /* Keys [c0, c0+nc) for every K/V head at once (one query row each), in
  * key-row order (kern.h's dots_rows / pv_rows): the path of blocks with
- * nothing to apply per element, f32 or f16 rows read in place. */
+ * nothing to apply per element, f32, f16 or bf16 rows read in place. */
 static void dec_rows_block(const cpu_ctx *c, const dec_plan *p, const dec_bufs *b,
                            const dec_state *st, const fa_seq *sq, int64_t c0, int64_t nc) {
   const fa_problem *pb = c->pb;
@@ -224,8 +231,8 @@ static void dec_split(const cpu_ctx *c, const dec_plan *p, dec_bufs *b, char *st
   if (klo >= khi) return;
   const fa_params *pr = pb->params;
   /* blocks with nothing to apply per element take the key-row path */
-  int rowwise = rows == 1 && (pb->dtype == FA_DTYPE_F32 || pb->dtype == FA_DTYPE_F16) &&
-                c->D == Dp && c->cap == 0.0f && pr->dropout_p == 0.0f && !pr->block_mask;
+  int rowwise = rows == 1 && dec_direct(c) && c->D == Dp && c->cap == 0.0f &&
+                pr->dropout_p == 0.0f && !pr->block_mask;
   for (int64_t hk = 0; hk < Hk; hk++) {
     float *Q = b->Q + hk * rows * Dp;
     hd[hk].Q = Q;

@@ -6,6 +6,7 @@
     defined(__AVX512F__) && defined(__AVX512VL__)
 #define SFX(name) name##_avx512vl
 #define KB_ISA "avx512vl"
+#define KB_REGS 32
 #include "common/kern_x86.h"
 #else
 #include <stddef.h>

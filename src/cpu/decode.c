@@ -231,8 +231,8 @@ static void dec_split(const cpu_ctx *c, const dec_plan *p, dec_bufs *b, char *st
   if (klo >= khi) return;
   const fa_params *pr = pb->params;
   /* blocks with nothing to apply per element take the key-row path */
-  int rowwise = rows == 1 && dec_direct(c) && c->D == Dp && c->cap == 0.0f &&
-                pr->dropout_p == 0.0f && !pr->block_mask;
+  int rowwise =
+      rows == 1 && dec_direct(c) && c->cap == 0.0f && pr->dropout_p == 0.0f && !pr->block_mask;
   for (int64_t hk = 0; hk < Hk; hk++) {
     float *Q = b->Q + hk * rows * Dp;
     hd[hk].Q = Q;

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue 5's CPU table in one pass: every row one flashattn-bench invocation with its own
+# --peak (FMA peak and DRAM read), printed as fractions of them: the 4096 shapes (D=64/128,
+# f32/f16, causal or not; forward and backward), llama.cpp's two prefill shapes and the
+# decode at Nk=16384 (64 MiB of K/V, twice a 32 MiB L3) and Nk=65536. docs/PERF.md, CPU F5.
+#   tools/cpu-issue5.sh            (BENCH=path/to/flashattn-bench to time another build)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+B=${BENCH:-./build-cpu/bin/flashattn-bench}
+run() { # label, args...
+  label=$1; shift
+  $B --peak --impl flash2 "$@" --json 2>/dev/null | python3 -c "
+import sys,json
+pk=None; dr=None; out=[]
+for l in sys.stdin:
+  d=json.loads(l)
+  if d.get('record')=='peak': pk=d['fma_gflops']; dr=d['dram_read_gbps']
+  if d.get('record')=='case': out.append(d)
+for d in out:
+  if d['Nq']==1:
+    b=d['Nk']*d['Hk']*d['D']*2*2/1e9; g=b/(d['ms']*1e-3)
+    print('$label', d['pass'], 'peak %.1f dram %.1f | %.3f ms = %.1f GB/s K/V, %.2f of DRAM' % (pk, dr, d['ms'], g, g/dr))
+  else:
+    print('$label', d['pass'], 'peak %.1f | %.2f GFLOP/s, %.3f of peak' % (pk, d['gflops'], d['gflops']/pk))
+"
+}
+for D in 64 128; do for T in f32 f16; do for C in --no-causal --causal; do
+  run "D=$D $T $C" --pass fwd,bwd --batch 1 --heads 16 --seqlen 4096 --headdim $D --dtype $T $C --repeat 3 --max-time 4
+done; done; done
+run "D=72 H=16 N=5776" --pass fwd --dtype f16 --no-causal --batch 1 --heads 16 --seqlen 5776 --headdim 72 --repeat 2 --max-time 2
+run "D=256 32/2 512x10000" --pass fwd --dtype f16 --no-causal --batch 1 --heads 32 --kv-heads 2 --seqlen 512 --seqlen-k 10000 --headdim 256 --repeat 2 --max-time 2
+run "decode Nk=16384" --pass fwd --dtype f16 --no-causal --batch 1 --heads 8 --seqlen 1 --seqlen-k 16384 --headdim 128 --repeat 30 --max-time 2
+run "decode Nk=65536" --pass fwd --dtype f16 --no-causal --batch 1 --heads 8 --seqlen 1 --seqlen-k 65536 --headdim 128 --repeat 10 --max-time 2

@@ -146,8 +146,8 @@ static void dec_block(const cpu_ctx *c, dec_bufs *b, dec_head *hd, int64_t hk, i
     needed |= blocks[g] != CPU_BLOCKS_NONE;
   }
   if (!needed) return;
-  /* K and V straight from storage (f32, f16 with whole vectors), else
-   * converted to float32 rows in b->K, b->V first */
+  /* K and V straight from storage (dec_direct), else converted to float32
+   * rows in b->K, b->V first */
   const int direct = dec_direct(c);
   const int64_t ks = pb->k.stride_seq * (int64_t)c->esize,
                 vs = pb->v.stride_seq * (int64_t)c->esize;

@@ -364,6 +364,30 @@ static void reg_decode(void) {
     reg("decode-gqa", &c);
     if (i < 2) attn_register_fn("decode-threads", threads_fn, &c, 0);
   }
+  /* Many rows per K/V head (MQA, large groups, a few query rows: up to
+   * CPU_DECODE_ROWS = 64 on the decode path, 66 past it on the tile path), with
+   * a window and a softcap on some */
+  static const int mqa[][3] = {{32, 1, 1}, {24, 1, 2}, {64, 2, 1}, {16, 1, 4}, {66, 1, 1}};
+  for (int i = 0; i < 5; i++) {
+    acfg c = acfg_default();
+    c.dtype = k_dtypes[i % 3];
+    c.hq = mqa[i][0];
+    c.hk = mqa[i][1];
+    c.nq = mqa[i][2];
+    c.nk = 900 + 11 * i;
+    c.d = i == 1 ? 64 : 128;
+    c.causal = i & 1;
+    if (i == 2) {
+      c.window = 1;
+      c.wl = 200;
+      c.wr = 0;
+    }
+    if (i == 3) {
+      c.softcap = 2;
+      c.qk_std = 2;
+    }
+    reg("decode-mqa", &c);
+  }
   /* One query row per K/V head: whole K and V rows in key order
    * (dots_rows / pv_rows), across more heads than a vector has lanes, a
    * partial group of lanes, one head, every dtype, and the strided layouts */

@@ -23,13 +23,6 @@ static inline void cpu_cache_sizes(int64_t *l1, int64_t *l2) {
 #if defined(_SC_LEVEL1_DCACHE_SIZE) && defined(_SC_LEVEL2_CACHE_SIZE)
   a = sysconf(_SC_LEVEL1_DCACHE_SIZE);
   b = sysconf(_SC_LEVEL2_CACHE_SIZE);
-/* Decode path (cpu/decode.c): FLASH2 forward when every K/V head has at most
- * CPU_DECODE_ROWS query rows (Nq * group); fa_cpu_forward dispatches to it. */
-#define CPU_DECODE_ROWS 16
-  int cpu_decode_applies(const fa_problem *pb);
-  size_t cpu_decode_workspace(const fa_problem *pb);
-  fa_status cpu_decode_forward(const fa_problem *pb);
-
 #endif
   *l1 = a >= 16384 ? a : 32768;
   *l2 = b >= 131072 ? b : 524288;
@@ -228,9 +221,14 @@ static inline void cpu_dropout_apply(const cpu_ctx *c, const cpu_unit *u, float 
   c->kn->dropout(X, rs, cs, nr, nc, bh, r0, c0, &c->drop);
 }
 
-/* Decode path (cpu/decode.c): FLASH2 forward when every K/V head has at most
- * CPU_DECODE_ROWS query rows (Nq * group); fa_cpu_forward dispatches to it. */
-#define CPU_DECODE_ROWS 16
+/* Decode path (cpu/decode.c): FLASH2 forward when there are at most
+ * CPU_DECODE_NQ query rows and every K/V head has at most CPU_DECODE_ROWS
+ * (Nq * group); fa_cpu_forward dispatches to it. The tile path's units are
+ * query heads, so with a few rows in many query heads per K/V head (MQA,
+ * large GQA groups) each of them read all of K and V again: 2-8x slower than
+ * the decode path, which reads them once per K/V head (docs/PERF.md, CPU F4). */
+#define CPU_DECODE_NQ 16
+#define CPU_DECODE_ROWS 64
 int cpu_decode_applies(const fa_problem *pb);
 size_t cpu_decode_workspace(const fa_problem *pb);
 fa_status cpu_decode_forward(const fa_problem *pb);

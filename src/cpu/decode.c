@@ -1,7 +1,8 @@
-/* CPU FlashAttention-2 forward for decode shapes: few query rows per K/V head
- * (Nq * group <= CPU_DECODE_ROWS), where the tile path's 8- and 16-wide query
- * panels would sit mostly empty and its per-tile overhead would hide the one
- * job left, streaming K and V from memory once.
+/* CPU FlashAttention-2 forward for decode shapes: few query rows (Nq <=
+ * CPU_DECODE_NQ) and few per K/V head (Nq * group <= CPU_DECODE_ROWS), where
+ * the tile path's 8- and 16-wide query panels would sit mostly empty, its
+ * per-tile overhead would hide the one job left, streaming K and V from
+ * memory once, and its units, one per query head, would each stream them.
  *
  * The keys of each sequence are cut into a fixed number of splits chosen from
  * the problem alone (never from the thread count), so results are bitwise the
@@ -46,7 +47,7 @@ enum {
 
 int cpu_decode_applies(const fa_problem *pb) {
   return pb->params->algorithm == FA_ALGO_FLASH2 && pb->max_seqlen_q >= 1 &&
-         pb->max_seqlen_q * pb->group <= CPU_DECODE_ROWS;
+         pb->max_seqlen_q <= CPU_DECODE_NQ && pb->max_seqlen_q * pb->group <= CPU_DECODE_ROWS;
 }
 
 typedef struct dec_plan {
@@ -78,7 +79,7 @@ typedef struct dec_state {
 
 /* One split's view of a K/V head: its query heads' units and rows. */
 typedef struct dec_head {
-  cpu_unit u[CPU_DECODE_ROWS];
+  cpu_unit *u;    /* group of them */
   const float *Q; /* rows x Dp */
   dec_state st;
 } dec_head;
@@ -99,8 +100,12 @@ static size_t dec_thread_layout(const cpu_ctx *c, const dec_plan *p, char *base,
   t.alpha = cpu_take(&cv, p->rall8);
   t.klo = (int32_t *)cpu_take(&cv, p->rows);
   t.khi = (int32_t *)cpu_take(&cv, p->rows);
-  t.heads = (dec_head *)cpu_take(
-      &cv, cpu_cdiv(c->pb->heads_k * (int64_t)sizeof(dec_head), sizeof(float)));
+  const int64_t Hk = c->pb->heads_k, G = c->pb->group;
+  t.heads = (dec_head *)cpu_take(&cv, cpu_cdiv(Hk * (int64_t)sizeof(dec_head), sizeof(float)));
+  cpu_unit *units =
+      (cpu_unit *)cpu_take(&cv, cpu_cdiv(Hk * G * (int64_t)sizeof(cpu_unit), sizeof(float)));
+  if (base)
+    for (int64_t hk = 0; hk < Hk; hk++) t.heads[hk].u = units + hk * G;
   if (b) *b = t;
   return cv.off;
 }

@@ -32,8 +32,8 @@
  * Workspace (floats, each buffer rounded up to 64 bytes), rows = Nq * group,
  * rall = Hk * rows, rall8 = rall rounded up to 8: per thread Q (rall x Dp),
  * K and V (DEC_BK x Dp), S (DEC_BK x rall8), alpha (rall8), two int32 ranges
- * (rows), Hk head records; per (sequence, split) O (rall x Dp), m and l
- * (rall8): O(rall * D) per split. */
+ * (rows), Hk head records and Hk x group units; per (sequence, split) O
+ * (rall x Dp), m and l (rall8): O(rall * D) per split. */
 #include <omp.h>
 
 #include "cpu/cpu.h"

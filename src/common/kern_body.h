@@ -491,12 +491,24 @@ static void SFX(load_kv)(float *K, float *V, int64_t ld, const void *k, int64_t 
 }
 
 /* decode's K/V rows read in place: f32, f16 or bf16 (dt a constant wherever
- * this inlines: the kernels below are instantiated once per dtype) */
+ * this inlines: the kernels below are instantiated once per dtype, through
+ * KB_BY_DT) */
 static inline vf SFX(load_kv8)(const void *row, int64_t c, fa_dtype dt) {
   return dt == FA_DTYPE_F16    ? vf_load_f16((const uint16_t *)row + c)
          : dt == FA_DTYPE_BF16 ? vf_load_bf16((const uint16_t *)row + c)
                                : vf_load((const float *)row + c);
 }
+
+/* fn(T, ...) with T the dtype dt as a constant: f16, bf16, else f32. */
+#define KB_BY_DT(dt, fn, ...)         \
+  do {                                \
+    if ((dt) == FA_DTYPE_F16)         \
+      fn(FA_DTYPE_F16, __VA_ARGS__);  \
+    else if ((dt) == FA_DTYPE_BF16)   \
+      fn(FA_DTYPE_BF16, __VA_ARGS__); \
+    else                              \
+      fn(FA_DTYPE_F32, __VA_ARGS__);  \
+  } while (0)
 
 static inline void SFX(prefetch_row)(const char *row, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(row + o);
@@ -509,9 +521,9 @@ enum { KB_DOT_NV = KB_REGS >= 32 ? 2 : 1 };
 
 /* Lane rl*KG + kl of the results (KG = KB_DOT_NV * 8 / RG keys) is row rl
  * against key kl, each K vector converted once for the RG rows. */
-static inline __attribute__((always_inline)) void SFX(dots_tile)(const int RG, const float *q,
-                                                                 int64_t ldq, const char *const *kr,
-                                                                 int64_t d, fa_dtype dt,
+static inline __attribute__((always_inline)) void SFX(dots_tile)(const fa_dtype dt, const int RG,
+                                                                 const float *q, int64_t ldq,
+                                                                 const char *const *kr, int64_t d,
                                                                  float *out) {
   const int KG = KB_DOT_NV * FA_VL / RG;
   vf acc[KB_DOT_NV * FA_VL];
@@ -535,12 +547,7 @@ static inline __attribute__((always_inline)) void SFX(dots_tile)(const int RG, c
 #define KB_DT(RG)                                                                               \
   static void SFX(dots_tile##RG)(const float *q, int64_t ldq, const char *const *kr, int64_t d, \
                                  fa_dtype dt, float *out) {                                     \
-    if (dt == FA_DTYPE_F16)                                                                     \
-      SFX(dots_tile)(RG, q, ldq, kr, d, FA_DTYPE_F16, out);                                     \
-    else if (dt == FA_DTYPE_BF16)                                                               \
-      SFX(dots_tile)(RG, q, ldq, kr, d, FA_DTYPE_BF16, out);                                    \
-    else                                                                                        \
-      SFX(dots_tile)(RG, q, ldq, kr, d, FA_DTYPE_F32, out);                                     \
+    KB_BY_DT(dt, SFX(dots_tile), RG, q, ldq, kr, d, out);                                       \
   }
 KB_DT(1)
 KB_DT(2)
@@ -578,7 +585,7 @@ static void SFX(dots_kv)(int64_t m, int64_t n, int64_t d, const float *Q, int64_
 
 /* Columns [c0, c0 + 8*CG) of one O row += P_j V_j over keys [a, b). */
 static inline __attribute__((always_inline)) void SFX(pv_kv_cols)(
-    const int CG, const float *p, const char *vc, int64_t vs, fa_dtype dt, float *o, float s,
+    const fa_dtype dt, const int CG, const float *p, const char *vc, int64_t vs, float *o, float s,
     int64_t a, int64_t b, int64_t c0, int64_t bytes, int64_t pf, int64_t npf) {
   vf acc[8];
   const vf vs1 = vf_set1(s);
@@ -600,12 +607,7 @@ static inline __attribute__((always_inline)) void SFX(pv_kv_cols)(
   static void SFX(pv_kv_cols##CG)(const float *p, const char *vc, int64_t vs, fa_dtype dt, \
                                   float *o, float s, int64_t a, int64_t b, int64_t c0,     \
                                   int64_t bytes, int64_t pf, int64_t npf) {                \
-    if (dt == FA_DTYPE_F16)                                                                \
-      SFX(pv_kv_cols)(CG, p, vc, vs, FA_DTYPE_F16, o, s, a, b, c0, bytes, pf, npf);        \
-    else if (dt == FA_DTYPE_BF16)                                                          \
-      SFX(pv_kv_cols)(CG, p, vc, vs, FA_DTYPE_BF16, o, s, a, b, c0, bytes, pf, npf);       \
-    else                                                                                   \
-      SFX(pv_kv_cols)(CG, p, vc, vs, FA_DTYPE_F32, o, s, a, b, c0, bytes, pf, npf);        \
+    KB_BY_DT(dt, SFX(pv_kv_cols), CG, p, vc, vs, o, s, a, b, c0, bytes, pf, npf);          \
   }
 KB_PVC(1)
 KB_PVC(2)
@@ -637,8 +639,8 @@ enum { KB_PV_CG4 = KB_REGS >= 32 ? 4 : 3, KB_PV_CG2 = 2 * KB_PV_CG4 };
 /* RG rows x CG column vectors of O += P V over keys [0, n), each V vector
  * converted once for the RG rows (RG * CG <= 16 accumulators). */
 static inline __attribute__((always_inline)) void SFX(pv_tile)(
-    const int RG, const int CG, const float *P, int64_t ldp, const char *vc, int64_t vs,
-    fa_dtype dt, float *O, int64_t ldo, const float *rowscale, int64_t n, int64_t c0) {
+    const fa_dtype dt, const int RG, const int CG, const float *P, int64_t ldp, const char *vc,
+    int64_t vs, float *O, int64_t ldo, const float *rowscale, int64_t n, int64_t c0) {
   vf acc[4][8];
 #pragma GCC unroll 4
   for (int rl = 0; rl < RG; rl++) {
@@ -668,12 +670,7 @@ static inline __attribute__((always_inline)) void SFX(pv_tile)(
   static void SFX(pv_tile##RG)(const float *P, int64_t ldp, const char *vc, int64_t vs,   \
                                fa_dtype dt, float *O, int64_t ldo, const float *rowscale, \
                                int64_t n, int64_t c0) {                                   \
-    if (dt == FA_DTYPE_F16)                                                               \
-      SFX(pv_tile)(RG, CG, P, ldp, vc, vs, FA_DTYPE_F16, O, ldo, rowscale, n, c0);        \
-    else if (dt == FA_DTYPE_BF16)                                                         \
-      SFX(pv_tile)(RG, CG, P, ldp, vc, vs, FA_DTYPE_BF16, O, ldo, rowscale, n, c0);       \
-    else                                                                                  \
-      SFX(pv_tile)(RG, CG, P, ldp, vc, vs, FA_DTYPE_F32, O, ldo, rowscale, n, c0);        \
+    KB_BY_DT(dt, SFX(pv_tile), RG, CG, P, ldp, vc, vs, O, ldo, rowscale, n, c0);          \
   }
 KB_PVT(2, KB_PV_CG2)
 KB_PVT(4, KB_PV_CG4)
@@ -722,8 +719,8 @@ static void SFX(pv_kv)(int64_t m, int64_t n, int64_t d, const float *P, int64_t 
  * prefetcher streams (head by head, a head's 256 bytes every 2 KiB, it
  * fetched half the bandwidth: docs/PERF.md, CPU F2). */
 static inline __attribute__((always_inline)) void SFX(dots_rows_dt)(
-    int64_t nr, int64_t n, int64_t d, const float *Q, int64_t ldq, const char *k, int64_t ks,
-    int64_t khs, const fa_dtype dt, float *ST, int64_t ldst, float alpha) {
+    const fa_dtype dt, int64_t nr, int64_t n, int64_t d, const float *Q, int64_t ldq, const char *k,
+    int64_t ks, int64_t khs, float *ST, int64_t ldst, float alpha) {
   const vf va = vf_set1(alpha), zero = vf_set1(0.0f);
   for (int64_t j = 0; j < n; j++)
     for (int64_t r0 = 0; r0 < nr; r0 += FA_VL) {
@@ -751,19 +748,14 @@ static inline __attribute__((always_inline)) void SFX(dots_rows_dt)(
 static void SFX(dots_rows)(int64_t nr, int64_t n, int64_t d, const float *Q, int64_t ldq,
                            const void *k, int64_t ks, int64_t khs, fa_dtype dt, float *ST,
                            int64_t ldst, float alpha) {
-  if (dt == FA_DTYPE_F16)
-    SFX(dots_rows_dt)(nr, n, d, Q, ldq, k, ks, khs, FA_DTYPE_F16, ST, ldst, alpha);
-  else if (dt == FA_DTYPE_BF16)
-    SFX(dots_rows_dt)(nr, n, d, Q, ldq, k, ks, khs, FA_DTYPE_BF16, ST, ldst, alpha);
-  else
-    SFX(dots_rows_dt)(nr, n, d, Q, ldq, k, ks, khs, FA_DTYPE_F32, ST, ldst, alpha);
+  KB_BY_DT(dt, SFX(dots_rows_dt), nr, n, d, Q, ldq, (const char *)k, ks, khs, ST, ldst, alpha);
 }
 
 /* The O rows stay in L1 (Hk x D floats) and take one key at a time, so V
  * is read in address order too. */
 static inline __attribute__((always_inline)) void SFX(pv_rows_dt)(
-    int64_t nr, int64_t n, int64_t d, const float *PT, int64_t ldp, const char *v, int64_t vs,
-    int64_t vhs, const fa_dtype dt, float *O, int64_t ldo, const float *rowscale) {
+    const fa_dtype dt, int64_t nr, int64_t n, int64_t d, const float *PT, int64_t ldp,
+    const char *v, int64_t vs, int64_t vhs, float *O, int64_t ldo, const float *rowscale) {
   for (int64_t r = 0; r < nr; r++) {
     const vf s = vf_set1(rowscale[r]);
     float *o = O + r * ldo;
@@ -782,12 +774,7 @@ static inline __attribute__((always_inline)) void SFX(pv_rows_dt)(
 static void SFX(pv_rows)(int64_t nr, int64_t n, int64_t d, const float *PT, int64_t ldp,
                          const void *v, int64_t vs, int64_t vhs, fa_dtype dt, float *O, int64_t ldo,
                          const float *rowscale) {
-  if (dt == FA_DTYPE_F16)
-    SFX(pv_rows_dt)(nr, n, d, PT, ldp, v, vs, vhs, FA_DTYPE_F16, O, ldo, rowscale);
-  else if (dt == FA_DTYPE_BF16)
-    SFX(pv_rows_dt)(nr, n, d, PT, ldp, v, vs, vhs, FA_DTYPE_BF16, O, ldo, rowscale);
-  else
-    SFX(pv_rows_dt)(nr, n, d, PT, ldp, v, vs, vhs, FA_DTYPE_F32, O, ldo, rowscale);
+  KB_BY_DT(dt, SFX(pv_rows_dt), nr, n, d, PT, ldp, (const char *)v, vs, vhs, O, ldo, rowscale);
 }
 
 static void SFX(store_row)(void *dst, const float *src, float s, fa_dtype dt, int64_t n) {

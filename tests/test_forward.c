@@ -337,6 +337,19 @@ static void reg_nan(void) {
  * path): several splits (Nk > 512), every feature, and threads 1 vs 2. */
 static void threads_fn(const void *arg) { attn_check_threads((const acfg *)arg); }
 
+/* Decode case i: hq query heads over hk, nq rows, D=128; dtype and causality
+ * cycle with i. */
+static acfg decode_case(int i, int hq, int hk, int nq) {
+  acfg c = acfg_default();
+  c.dtype = k_dtypes[i % 3];
+  c.hq = hq;
+  c.hk = hk;
+  c.nq = nq;
+  c.d = 128;
+  c.causal = i & 1;
+  return c;
+}
+
 static void reg_decode(void) {
   static const int dims[4] = {128, 64, 40, 36}; /* 36: not whole vectors */
   for (int nq = 1; nq <= 4; nq++)
@@ -353,14 +366,8 @@ static void reg_decode(void) {
     }
   static const int gqa[][3] = {{32, 8, 1}, {8, 1, 2}, {16, 4, 4}, {4, 4, 3}};
   for (int i = 0; i < 4; i++) {
-    acfg c = acfg_default();
-    c.dtype = k_dtypes[i % 3];
-    c.hq = gqa[i][0];
-    c.hk = gqa[i][1];
-    c.nq = gqa[i][2];
+    acfg c = decode_case(i, gqa[i][0], gqa[i][1], gqa[i][2]);
     c.nk = 700;
-    c.d = 128;
-    c.causal = i & 1;
     reg("decode-gqa", &c);
     if (i < 2) attn_register_fn("decode-threads", threads_fn, &c, 0);
   }
@@ -369,14 +376,9 @@ static void reg_decode(void) {
    * a window and a softcap on some */
   static const int mqa[][3] = {{32, 1, 1}, {24, 1, 2}, {64, 2, 1}, {16, 1, 4}, {66, 1, 1}};
   for (int i = 0; i < 5; i++) {
-    acfg c = acfg_default();
-    c.dtype = k_dtypes[i % 3];
-    c.hq = mqa[i][0];
-    c.hk = mqa[i][1];
-    c.nq = mqa[i][2];
+    acfg c = decode_case(i, mqa[i][0], mqa[i][1], mqa[i][2]);
     c.nk = 900 + 11 * i;
-    c.d = i == 1 ? 64 : 128;
-    c.causal = i & 1;
+    if (i == 1) c.d = 64;
     if (i == 2) {
       c.window = 1;
       c.wl = 200;
@@ -393,13 +395,9 @@ static void reg_decode(void) {
    * partial group of lanes, one head, every dtype, and the strided layouts */
   static const int rows_h[6] = {12, 20, 1, 8, 3, 9}, rows_d[6] = {128, 64, 256, 128, 96, 64};
   for (int i = 0; i < 6; i++) {
-    acfg c = acfg_default();
-    c.dtype = k_dtypes[i % 3];
-    c.nq = 1;
+    acfg c = decode_case(i, rows_h[i], rows_h[i], 1);
     c.nk = 1100 + 13 * i;
-    c.hq = c.hk = rows_h[i];
     c.d = rows_d[i];
-    c.causal = i & 1;
     c.layout = i == 4 ? TU_PADDED : i == 5 ? TU_BHND : TU_BNHD;
     reg("decode-rows", &c);
     if (i == 0) attn_register_fn("decode-threads", threads_fn, &c, 0);

@@ -21,8 +21,11 @@
  *
  * Workspace: Di, heads_q * total_q floats (lse layout), then per thread
  *   Q, dO, dQ: 3*Br*Dp;  K, K^T, V^T, dK, dV: 5*Bc*Dp;  S, dS, T: 3*Br*Bc;
- *   row ranges: 2*max(Br, Bc) int32 (each buffer rounded up to 64 bytes). B=H=1, N=65536, D=64: 256
- * KiB + ~0.3 MiB per thread. */
+ *   row ranges: 2*max(Br, Bc) int32 (each buffer rounded up to 64 bytes);
+ *   fused order: dQ accumulator group*Nq*Dp, and while three times that is
+ *   at most BWD_FUSED_MAX_BYTES, Q and dO packed (2*group*Nq*Dp).
+ * B=H=1, N=65536, D=64: 256 KiB + ~0.3 MiB per thread; B=1, H=16, N=4096,
+ * D=128: 6 MiB per thread. */
 #include <omp.h>
 
 #include "cpu/cpu.h"
@@ -33,6 +36,8 @@ static void bwd_ctx(cpu_ctx *c, const fa_problem *pb) { cpu_ctx_init(c, pb, 3, 5
 typedef struct bwd_bufs {
   float *Q, *dO, *dQ, *K, *KT, *VT, *dK, *dV, *S, *dS, *T;
   int32_t *lo, *hi;
+  const float *Qt, *dOt; /* the step's Q and dO rows (ld Dp): Q and dO, or in pack */
+  float *pack;           /* bwd_fused's packed Q and dO rows of the group, or NULL */
 } bwd_bufs;
 
 static size_t bwd_slice(const cpu_ctx *c, char *base, bwd_bufs *b) {
@@ -66,7 +71,8 @@ typedef struct bwd_sched {
   int64_t nrb, ncb;          /* row / key blocks per sequence (longest) */
   int64_t q_units, kv_units; /* passes 1 and 3; pass 2 (fused: B*Hk) */
   int fused;
-  size_t dq_bytes; /* fused: per-thread dQ accumulator */
+  size_t dq_bytes;   /* fused: per-thread dQ accumulator */
+  size_t pack_bytes; /* fused, when small enough: per-thread packed Q and dO */
   int nt;
 } bwd_sched;
 
@@ -86,18 +92,38 @@ static bwd_sched bwd_schedule(const cpu_ctx *c) {
   s.fused = pb->batch * pb->heads_k >= BWD_FUSED_MIN_UNITS && s.dq_bytes <= BWD_FUSED_MAX_BYTES;
   s.kv_units = pb->batch * pb->heads_k * (s.fused ? 1 : s.ncb);
   if (!s.fused) s.dq_bytes = 0;
+  /* Packing Q and dO once per unit instead of converting a tile per step:
+   * BNHD rows lie a head-stride apart, and each key block re-reading them
+   * row by row stalled on every row (D=128 f32: ~19% of the backward). */
+  s.pack_bytes = s.fused && 3 * s.dq_bytes <= BWD_FUSED_MAX_BYTES ? 2 * s.dq_bytes : 0;
   s.nt = cpu_threads(pb, cpu_max(s.q_units, s.kv_units));
   return s;
 }
 
-/* Rows [r0, r0+nr) of query head u->h: Q and dO tiles, row-major. */
-static void bwd_load_q(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, int64_t r0, int64_t nr) {
+/* Rows [r0, r0+nr) of query head u->h of Q and dO to float32 rows (ld Dp)
+ * at Q and dO. */
+static void bwd_load_rows(const cpu_ctx *c, const cpu_unit *u, float *Q, float *dO, int64_t r0,
+                          int64_t nr) {
   const fa_problem *pb = c->pb;
   const int64_t n0 = u->sq.q0 + r0, bw = c->Dp;
-  c->kn->load_panels(b->Q, (int)bw, 0, cpu_row(c, &pb->q, u->sq.qb, n0, u->h),
+  c->kn->load_panels(Q, (int)bw, 0, cpu_row(c, &pb->q, u->sq.qb, n0, u->h),
                      pb->q.stride_seq * (int64_t)c->esize, pb->dtype, nr, c->D);
-  c->kn->load_panels(b->dO, (int)bw, 0, cpu_row(c, &pb->dout, u->sq.qb, n0, u->h),
+  c->kn->load_panels(dO, (int)bw, 0, cpu_row(c, &pb->dout, u->sq.qb, n0, u->h),
                      pb->dout.stride_seq * (int64_t)c->esize, pb->dtype, nr, c->D);
+}
+
+/* The step's Q and dO tiles, rows [r0, r0+nr) of query head u->h: loaded, or
+ * rows of the packed copy (head g of the group). */
+static void bwd_load_q(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, int64_t r0, int64_t nr) {
+  if (b->pack) {
+    const int64_t maxq = c->pb->max_seqlen_q, g = u->h % c->pb->group;
+    b->Qt = b->pack + (g * maxq + r0) * c->Dp;
+    b->dOt = b->Qt + c->pb->group * maxq * c->Dp;
+    return;
+  }
+  bwd_load_rows(c, u, b->Q, b->dO, r0, nr);
+  b->Qt = b->Q;
+  b->dOt = b->dO;
 }
 
 /* Keys [c0, c0+nc) of K/V head u->hk: K^T and V^T in 16-wide panels (and K
@@ -131,7 +157,7 @@ static int bwd_step(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, const floa
   const fa_problem *pb = c->pb;
   const int64_t bc = c->bc, ncp = fa_round_up(nc, FA_VL);
   float *T = c->cap > 0.0f ? b->T : NULL;
-  fa_gemm g = {nr, ncp,  c->D, b->Q,     c->Dp, 1,    b->KT, 16,  16 * c->D,
+  fa_gemm g = {nr, ncp,  c->D, b->Qt,    c->Dp, 1,    b->KT, 16,  16 * c->D,
                16, b->S, bc,   c->scale, 0,     NULL, NULL,  NULL};
   c->kn->gemm(&g);
   if (c->cap > 0.0f) tile_softcap(b->S, bc, nr, ncp, c->cap, T);
@@ -144,7 +170,7 @@ static int bwd_step(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, const floa
   if (cpu_block_tile(c, u, r0, nr, c0, nc) == CPU_BLOCKS_SOME)
     cpu_block_fill(c, u, b->S, bc, 1, r0, nr, c0, nc);
   c->kn->exp_rows(b->S, bc, nr, ncp, pb->lse + cpu_lse_index(u, r0));
-  g.a = b->dO;
+  g.a = b->dOt;
   g.b = b->VT;
   g.c = b->dS;
   g.alpha = 1.0f;
@@ -190,8 +216,8 @@ static void bwd_kv(const cpu_ctx *c, bwd_bufs *b, const float *Di, int64_t s, in
       const int partial = bwd_step(c, &u, b, Di, r0, nr, c0, nc);
       if (partial) cpu_mask_cols(&u.mk, b->lo, b->hi, r0, nr, c0, nc);
       const int32_t *lo = partial ? b->lo : NULL, *hi = partial ? b->hi : NULL;
-      bwd_acc(c, b->dV, nc, nr, b->S, 1, c->bc, b->dO, lo, hi);
-      bwd_acc(c, b->dK, nc, nr, b->dS, 1, c->bc, b->Q, lo, hi);
+      bwd_acc(c, b->dV, nc, nr, b->S, 1, c->bc, b->dOt, lo, hi);
+      bwd_acc(c, b->dK, nc, nr, b->dS, 1, c->bc, b->Qt, lo, hi);
       if (!dQacc) continue;
       if (partial) cpu_mask_ranges(&u.mk, b->lo, b->hi, r0, nr, c0, nc);
       bwd_acc(c, dQacc + ((h - hk * pb->group) * pb->max_seqlen_q + r0) * Dp, nr, nc, b->dS, c->bc,
@@ -233,7 +259,7 @@ size_t fa_cpu_backward_workspace(const fa_problem *pb) {
   cpu_ctx c;
   bwd_ctx(&c, pb);
   const bwd_sched s = bwd_schedule(&c);
-  return bwd_di_bytes(pb) + (size_t)s.nt * (bwd_slice(&c, NULL, NULL) + s.dq_bytes);
+  return bwd_di_bytes(pb) + (size_t)s.nt * (bwd_slice(&c, NULL, NULL) + s.dq_bytes + s.pack_bytes);
 }
 
 /* Fused order: every key block of (sequence s, K/V head hk) with dQ of the
@@ -244,6 +270,12 @@ static void bwd_fused(const cpu_ctx *c, bwd_bufs *b, const float *Di, int64_t s,
   const fa_seq sq = fa_problem_seq(pb, s);
   const int64_t Dp = c->Dp;
   tile_fill(dQacc, Dp, pb->group * pb->max_seqlen_q, Dp, 0.0f);
+  for (int64_t g = 0; b->pack && g < pb->group; g++) {
+    cpu_unit u;
+    cpu_unit_init(&u, c, s, hk * pb->group + g);
+    float *Q = b->pack + g * pb->max_seqlen_q * Dp;
+    bwd_load_rows(c, &u, Q, Q + pb->group * pb->max_seqlen_q * Dp, 0, sq.nq);
+  }
   for (int64_t c0 = 0; c0 < sq.nk; c0 += c->bc)
     bwd_kv(c, b, Di, s, hk, c0, cpu_min(c->bc, sq.nk - c0), dQacc);
   for (int64_t g = 0; g < pb->group; g++)
@@ -256,13 +288,14 @@ fa_status fa_cpu_backward(const fa_problem *pb) {
   cpu_ctx c;
   bwd_ctx(&c, pb);
   const bwd_sched s = bwd_schedule(&c);
-  const size_t slice = bwd_slice(&c, NULL, NULL) + s.dq_bytes;
+  const size_t slice = bwd_slice(&c, NULL, NULL) + s.dq_bytes + s.pack_bytes;
   float *Di = (float *)pb->workspace;
   char *slices = (char *)pb->workspace + bwd_di_bytes(pb);
 #pragma omp parallel num_threads(s.nt)
   {
     bwd_bufs b;
     bwd_slice(&c, slices + (size_t)omp_get_thread_num() * slice, &b);
+    b.pack = NULL;
     /* Query-side units (passes 1 and 3) are (sequence, head, row block). */
 #pragma omp for schedule(static, 1)
     for (int64_t w = 0; w < s.q_units; w++) {
@@ -272,7 +305,9 @@ fa_status fa_cpu_backward(const fa_problem *pb) {
       if (r0 < u.sq.nq) bwd_di(&c, &u, &b, Di, r0, cpu_min(u.sq.nq, r0 + c.br));
     }
     if (s.fused) {
-      float *dQacc = (float *)(slices + (size_t)omp_get_thread_num() * slice + slice - s.dq_bytes);
+      char *mine = slices + (size_t)omp_get_thread_num() * slice + slice;
+      float *dQacc = (float *)(mine - s.dq_bytes - s.pack_bytes);
+      b.pack = s.pack_bytes ? (float *)(mine - s.pack_bytes) : NULL;
 #pragma omp for schedule(dynamic, 1)
       for (int64_t w = 0; w < s.kv_units; w++)
         bwd_fused(&c, &b, Di, w / pb->heads_k, w % pb->heads_k, dQacc);

@@ -100,23 +100,34 @@ static fwd_sched fwd_schedule(const cpu_ctx *c) {
   return s;
 }
 
-/* Converts and packs K and V once, in parallel over (K/V head, batch, block
- * of rows). */
+/* Converts and packs K and V once, in parallel over (batch, block of rows)
+ * and, where a row's heads lie apart (head-major), K/V head. Within a block
+ * the reads go in address order: with heads inner (BNHD) every row's heads
+ * one after another, where packing head by head read rows a head-stride
+ * apart, each on its own page (D=64 f32 causal forward: 2.6% of the time). */
 static void fwd_prepack(const cpu_ctx *c, float *pack, int nt) {
   const fa_problem *pb = c->pb;
-  const int64_t S = pb->k.seqlen, rows = fwd_pack_rows(pb), blk = 512;
-  const int64_t nblk = cpu_cdiv(S, blk), units = pb->heads_k * pb->k.batch * nblk;
+  const int64_t S = pb->k.seqlen, rows = fwd_pack_rows(pb), blk = 512, Hk = pb->heads_k;
+  const int heads_inner =
+      pb->k.stride_head < pb->k.stride_seq && pb->v.stride_head < pb->v.stride_seq;
+  const int64_t hu = heads_inner ? 1 : Hk; /* heads split over units */
+  const int64_t nblk = cpu_cdiv(S, blk), units = hu * pb->k.batch * nblk;
   const int vbw = cpu_dbw(c);
   const int64_t ks = pb->k.stride_seq * (int64_t)c->esize,
                 vs = pb->v.stride_seq * (int64_t)c->esize;
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t w = 0; w < units; w++) {
-    const int64_t hk = w / (pb->k.batch * nblk), kb = w / nblk % pb->k.batch;
-    const int64_t r0 = w % nblk * blk, nr = cpu_min(blk, S - r0), g = kb * S + r0;
-    c->kn->load_panels(fwd_pack_k(c, pack, hk) + g * c->Dp, (int)c->Dp, 0,
-                       cpu_row(c, &pb->k, kb, r0, hk), ks, pb->dtype, nr, c->D);
-    c->kn->load_panels(fwd_pack_v(c, pack, hk) + g * vbw, vbw, rows * vbw,
-                       cpu_row(c, &pb->v, kb, r0, hk), vs, pb->dtype, nr, c->D);
+    const int64_t kb = w / nblk % pb->k.batch, r0 = w % nblk * blk, nr = cpu_min(blk, S - r0);
+    const int64_t h0 = heads_inner ? 0 : w / (pb->k.batch * nblk), h1 = heads_inner ? Hk : h0 + 1;
+    const int64_t step = heads_inner ? 1 : nr; /* rows per load */
+    for (int64_t r = r0; r < r0 + nr; r += step)
+      for (int64_t hk = h0; hk < h1; hk++) {
+        const int64_t g = kb * S + r;
+        c->kn->load_panels(fwd_pack_k(c, pack, hk) + g * c->Dp, (int)c->Dp, 0,
+                           cpu_row(c, &pb->k, kb, r, hk), ks, pb->dtype, step, c->D);
+        c->kn->load_panels(fwd_pack_v(c, pack, hk) + g * vbw, vbw, rows * vbw,
+                           cpu_row(c, &pb->v, kb, r, hk), vs, pb->dtype, step, c->D);
+      }
   }
 }
 

@@ -23,8 +23,11 @@
  *   Q, dO, dQ: 3*Br*Dp;  K, K^T, V^T, dK, dV: 5*Bc*Dp;  S, dS, T: 3*Br*Bc;
  *   row ranges: 2*max(Br, Bc) int32 (each buffer rounded up to 64 bytes);
  *   fused order: dQ accumulator group*Nq*Dp, and while three times that is
- *   at most BWD_FUSED_MAX_BYTES, Q and dO packed (2*group*Nq*Dp).
- * B=H=1, N=65536, D=64: 256 KiB + ~0.3 MiB per thread; B=1, H=16, N=4096,
+ *   at most BWD_FUSED_MAX_BYTES, Q and dO packed (2*group*Nq*Dp);
+ * non-fused order, while at most BWD_PACK_MAX_BYTES in all: the call's
+ * packed Q and dO (2*B*Hq*Nq*Dp) and K, K^T, V^T (3*B*Hk*Nk*Dp, Nk rounded
+ * up to 16). B=H=1, N=65536, D=64: 256 KiB + ~0.3 MiB per thread (no pack:
+ * 80 MiB); B=1, H=2, N=8192, D=128: 40 MiB of packs; B=1, H=16, N=4096,
  * D=128: 6 MiB per thread. */
 #include <omp.h>
 
@@ -36,8 +39,16 @@ static void bwd_ctx(cpu_ctx *c, const fa_problem *pb) { cpu_ctx_init(c, pb, 3, 5
 typedef struct bwd_bufs {
   float *Q, *dO, *dQ, *K, *KT, *VT, *dK, *dV, *S, *dS, *T;
   int32_t *lo, *hi;
-  const float *Qt, *dOt; /* the step's Q and dO rows (ld Dp): Q and dO, or in pack */
-  float *pack;           /* bwd_fused's packed Q and dO rows of the group, or NULL */
+  /* the step's tiles: the buffers above, or rows and panels of the packs */
+  const float *Qt, *dOt, *Kt, *KTt, *VTt;
+  /* Packed float32 copies, loaded once instead of a tile per step (NULL:
+   * none). pq: Q then dO rows (ld Dp, max_seqlen_q rows per slot) of the
+   * fused unit's group (slot h % group) or, with pq_all, of every (sequence,
+   * query head) (slot s * Hq + h). pk: the non-fused order's K rows (ld Dp),
+   * then K^T and V^T panels, max_seqlen_k rounded up to 16 keys per (sequence,
+   * K/V head). */
+  float *pq, *pk;
+  int pq_all;
 } bwd_bufs;
 
 static size_t bwd_slice(const cpu_ctx *c, char *base, bwd_bufs *b) {
@@ -71,8 +82,9 @@ typedef struct bwd_sched {
   int64_t nrb, ncb;          /* row / key blocks per sequence (longest) */
   int64_t q_units, kv_units; /* passes 1 and 3; pass 2 (fused: B*Hk) */
   int fused;
-  size_t dq_bytes;   /* fused: per-thread dQ accumulator */
-  size_t pack_bytes; /* fused, when small enough: per-thread packed Q and dO */
+  size_t dq_bytes;           /* fused: per-thread dQ accumulator */
+  size_t pack_bytes;         /* fused, when small enough: per-thread packed Q and dO */
+  size_t pq_bytes, pk_bytes; /* otherwise, when small enough: the call's pq and pk */
   int nt;
 } bwd_sched;
 
@@ -81,6 +93,10 @@ typedef struct bwd_sched {
  * only, never on the thread count, so results stay bitwise thread-independent. */
 #define BWD_FUSED_MIN_UNITS 4
 #define BWD_FUSED_MAX_BYTES ((size_t)64 << 20)
+/* Largest packed Q, dO, K, K^T, V^T copy of the non-fused order. */
+#define BWD_PACK_MAX_BYTES ((size_t)64 << 20)
+
+static int64_t bwd_maxkp(const fa_problem *pb) { return fa_round_up(pb->max_seqlen_k, 16); }
 
 static bwd_sched bwd_schedule(const cpu_ctx *c) {
   const fa_problem *pb = c->pb;
@@ -96,6 +112,13 @@ static bwd_sched bwd_schedule(const cpu_ctx *c) {
    * BNHD rows lie a head-stride apart, and each key block re-reading them
    * row by row stalled on every row (D=128 f32: ~19% of the backward). */
   s.pack_bytes = s.fused && 3 * s.dq_bytes <= BWD_FUSED_MAX_BYTES ? 2 * s.dq_bytes : 0;
+  /* The non-fused order loads Q and dO per step in pass 2 and K, K^T, V^T
+   * per step in pass 3 (B=1, H=2, N=8192, D=128 f32: 22% of the time):
+   * packed once for the call, in parallel, while small enough. */
+  const size_t fl = sizeof(float);
+  s.pq_bytes = (size_t)(2 * pb->batch * pb->heads_q * pb->max_seqlen_q * c->Dp) * fl;
+  s.pk_bytes = (size_t)(3 * pb->batch * pb->heads_k * bwd_maxkp(pb) * c->Dp) * fl;
+  if (s.fused || s.pq_bytes + s.pk_bytes > BWD_PACK_MAX_BYTES) s.pq_bytes = s.pk_bytes = 0;
   s.nt = cpu_threads(pb, cpu_max(s.q_units, s.kv_units));
   return s;
 }
@@ -112,13 +135,32 @@ static void bwd_load_rows(const cpu_ctx *c, const cpu_unit *u, float *Q, float *
                      pb->dout.stride_seq * (int64_t)c->esize, pb->dtype, nr, c->D);
 }
 
-/* The step's Q and dO tiles, rows [r0, r0+nr) of query head u->h: loaded, or
- * rows of the packed copy (head g of the group). */
+/* Row r0 of query head u->h in pq, and the distance from Q to dO there. */
+static float *bwd_pq_row(const cpu_ctx *c, const bwd_bufs *b, const cpu_unit *u, int64_t r0,
+                         int64_t *to_do) {
+  const fa_problem *pb = c->pb;
+  const int64_t maxq = pb->max_seqlen_q;
+  const int64_t slots = b->pq_all ? pb->batch * pb->heads_q : pb->group;
+  const int64_t slot = b->pq_all ? u->s * pb->heads_q + u->h : u->h % pb->group;
+  *to_do = slots * maxq * c->Dp;
+  return b->pq + (slot * maxq + r0) * c->Dp;
+}
+
+/* Rows [r0, r0+nr) of query head u->h into pq. */
+static void bwd_pack_q(const cpu_ctx *c, const bwd_bufs *b, const cpu_unit *u, int64_t r0,
+                       int64_t nr) {
+  int64_t to_do;
+  float *Q = bwd_pq_row(c, b, u, r0, &to_do);
+  bwd_load_rows(c, u, Q, Q + to_do, r0, nr);
+}
+
+/* The step's Q and dO tiles, rows [r0, r0+nr) of query head u->h: rows of
+ * pq, or loaded. */
 static void bwd_load_q(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, int64_t r0, int64_t nr) {
-  if (b->pack) {
-    const int64_t maxq = c->pb->max_seqlen_q, g = u->h % c->pb->group;
-    b->Qt = b->pack + (g * maxq + r0) * c->Dp;
-    b->dOt = b->Qt + c->pb->group * maxq * c->Dp;
+  if (b->pq) {
+    int64_t to_do;
+    b->Qt = bwd_pq_row(c, b, u, r0, &to_do);
+    b->dOt = b->Qt + to_do;
     return;
   }
   bwd_load_rows(c, u, b->Q, b->dO, r0, nr);
@@ -126,18 +168,48 @@ static void bwd_load_q(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, int64_t
   b->dOt = b->dO;
 }
 
+/* Keys [c0, c0+nc) of K/V head u->hk (c0 a multiple of 16) in pk: K rows,
+ * K^T and V^T panels. */
+static void bwd_pk_tile(const cpu_ctx *c, const bwd_bufs *b, const cpu_unit *u, int64_t c0,
+                        float **K, float **KT, float **VT) {
+  const fa_problem *pb = c->pb;
+  const int64_t per = pb->batch * pb->heads_k * bwd_maxkp(pb) * c->Dp;
+  const int64_t slot = (u->s * pb->heads_k + u->hk) * bwd_maxkp(pb);
+  *K = b->pk + (slot + c0) * c->Dp;
+  *KT = b->pk + per + slot * c->Dp + c0 * c->D; /* 16-key panels of 16 * D */
+  *VT = *KT + per;
+}
+
 /* Keys [c0, c0+nc) of K/V head u->hk: K^T and V^T in 16-wide panels (and K
- * as rows if wanted). */
-static void bwd_load_kv(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, int64_t c0, int64_t nc,
-                        int want_rows) {
+ * as rows if wanted) into K, KT, VT. */
+static void bwd_load_kv_to(const cpu_ctx *c, const cpu_unit *u, float *K, float *KT, float *VT,
+                           int64_t c0, int64_t nc) {
   const fa_problem *pb = c->pb;
   const int64_t n0 = u->sq.k0 + c0;
   const void *k = cpu_row(c, &pb->k, u->sq.kb, n0, u->hk);
   const int64_t ks = pb->k.stride_seq * (int64_t)c->esize;
-  if (want_rows) c->kn->load_panels(b->K, (int)c->Dp, 0, k, ks, pb->dtype, nc, c->D);
-  c->kn->load_panels_t(b->KT, 16, 16 * c->D, k, ks, pb->dtype, nc, c->D);
-  c->kn->load_panels_t(b->VT, 16, 16 * c->D, cpu_row(c, &pb->v, u->sq.kb, n0, u->hk),
+  if (K) c->kn->load_panels(K, (int)c->Dp, 0, k, ks, pb->dtype, nc, c->D);
+  c->kn->load_panels_t(KT, 16, 16 * c->D, k, ks, pb->dtype, nc, c->D);
+  c->kn->load_panels_t(VT, 16, 16 * c->D, cpu_row(c, &pb->v, u->sq.kb, n0, u->hk),
                        pb->v.stride_seq * (int64_t)c->esize, pb->dtype, nc, c->D);
+}
+
+/* The step's K^T and V^T (and K rows if wanted) of keys [c0, c0+nc): panels
+ * of pk, or loaded. */
+static void bwd_load_kv(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, int64_t c0, int64_t nc,
+                        int want_rows) {
+  if (b->pk) {
+    float *K, *KT, *VT;
+    bwd_pk_tile(c, b, u, c0, &K, &KT, &VT);
+    b->Kt = K;
+    b->KTt = KT;
+    b->VTt = VT;
+    return;
+  }
+  bwd_load_kv_to(c, u, want_rows ? b->K : NULL, b->KT, b->VT, c0, nc);
+  b->Kt = b->K;
+  b->KTt = b->KT;
+  b->VTt = b->VT;
 }
 
 /* C (ld Dp) += A B over a tile: A(i, p) = a[i*rsa + p*csa] (m x k), B row-major
@@ -157,8 +229,8 @@ static int bwd_step(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, const floa
   const fa_problem *pb = c->pb;
   const int64_t bc = c->bc, ncp = fa_round_up(nc, FA_VL);
   float *T = c->cap > 0.0f ? b->T : NULL;
-  fa_gemm g = {nr, ncp,  c->D, b->Qt,    c->Dp, 1,    b->KT, 16,  16 * c->D,
-               16, b->S, bc,   c->scale, 0,     NULL, NULL,  NULL};
+  fa_gemm g = {nr, ncp,  c->D, b->Qt,    c->Dp, 1,    b->KTt, 16,  16 * c->D,
+               16, b->S, bc,   c->scale, 0,     NULL, NULL,   NULL};
   c->kn->gemm(&g);
   if (c->cap > 0.0f) tile_softcap(b->S, bc, nr, ncp, c->cap, T);
   if (u->slope != 0.0f) tile_alibi(b->S, bc, nr, ncp, u->slope, r0 + u->sq.nk - u->sq.nq, c0);
@@ -171,7 +243,7 @@ static int bwd_step(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, const floa
     cpu_block_fill(c, u, b->S, bc, 1, r0, nr, c0, nc);
   c->kn->exp_rows(b->S, bc, nr, ncp, pb->lse + cpu_lse_index(u, r0));
   g.a = b->dOt;
-  g.b = b->VT;
+  g.b = b->VTt;
   g.c = b->dS;
   g.alpha = 1.0f;
   c->kn->gemm(&g);
@@ -221,7 +293,7 @@ static void bwd_kv(const cpu_ctx *c, bwd_bufs *b, const float *Di, int64_t s, in
       if (!dQacc) continue;
       if (partial) cpu_mask_ranges(&u.mk, b->lo, b->hi, r0, nr, c0, nc);
       bwd_acc(c, dQacc + ((h - hk * pb->group) * pb->max_seqlen_q + r0) * Dp, nr, nc, b->dS, c->bc,
-              1, b->K, lo, hi);
+              1, b->Kt, lo, hi);
     }
   }
   for (int64_t j = 0; j < nc; j++) {
@@ -241,13 +313,14 @@ static void bwd_q(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, const float 
   tile_fill(b->dQ, Dp, nr, Dp, 0.0f);
   fa_mask_block_range(&u->mk, r0, r1, &klo, &khi);
   if (klo < khi) bwd_load_q(c, u, b, r0, nr);
-  for (int64_t c0 = klo; c0 < khi; c0 += c->bc) {
+  /* key tiles on the grid of Bc from key 0, where pk's panels start */
+  for (int64_t c0 = klo / c->bc * c->bc; c0 < khi; c0 += c->bc) {
     const int64_t nc = cpu_min(c->bc, khi - c0);
     if (cpu_block_tile(c, u, r0, nr, c0, nc) == CPU_BLOCKS_NONE) continue;
     bwd_load_kv(c, u, b, c0, nc, 1);
     const int partial = bwd_step(c, u, b, Di, r0, nr, c0, nc);
     if (partial) cpu_mask_ranges(&u->mk, b->lo, b->hi, r0, nr, c0, nc);
-    bwd_acc(c, b->dQ, nr, nc, b->dS, c->bc, 1, b->K, partial ? b->lo : NULL,
+    bwd_acc(c, b->dQ, nr, nc, b->dS, c->bc, 1, b->Kt, partial ? b->lo : NULL,
             partial ? b->hi : NULL);
   }
   for (int64_t r = 0; r < nr; r++)
@@ -259,7 +332,8 @@ size_t fa_cpu_backward_workspace(const fa_problem *pb) {
   cpu_ctx c;
   bwd_ctx(&c, pb);
   const bwd_sched s = bwd_schedule(&c);
-  return bwd_di_bytes(pb) + (size_t)s.nt * (bwd_slice(&c, NULL, NULL) + s.dq_bytes + s.pack_bytes);
+  return bwd_di_bytes(pb) + s.pq_bytes + s.pk_bytes +
+         (size_t)s.nt * (bwd_slice(&c, NULL, NULL) + s.dq_bytes + s.pack_bytes);
 }
 
 /* Fused order: every key block of (sequence s, K/V head hk) with dQ of the
@@ -270,11 +344,10 @@ static void bwd_fused(const cpu_ctx *c, bwd_bufs *b, const float *Di, int64_t s,
   const fa_seq sq = fa_problem_seq(pb, s);
   const int64_t Dp = c->Dp;
   tile_fill(dQacc, Dp, pb->group * pb->max_seqlen_q, Dp, 0.0f);
-  for (int64_t g = 0; b->pack && g < pb->group; g++) {
+  for (int64_t g = 0; b->pq && g < pb->group; g++) {
     cpu_unit u;
     cpu_unit_init(&u, c, s, hk * pb->group + g);
-    float *Q = b->pack + g * pb->max_seqlen_q * Dp;
-    bwd_load_rows(c, &u, Q, Q + pb->group * pb->max_seqlen_q * Dp, 0, sq.nq);
+    bwd_pack_q(c, b, &u, 0, sq.nq);
   }
   for (int64_t c0 = 0; c0 < sq.nk; c0 += c->bc)
     bwd_kv(c, b, Di, s, hk, c0, cpu_min(c->bc, sq.nk - c0), dQacc);
@@ -290,28 +363,44 @@ fa_status fa_cpu_backward(const fa_problem *pb) {
   const bwd_sched s = bwd_schedule(&c);
   const size_t slice = bwd_slice(&c, NULL, NULL) + s.dq_bytes + s.pack_bytes;
   float *Di = (float *)pb->workspace;
-  char *slices = (char *)pb->workspace + bwd_di_bytes(pb);
+  char *packs = (char *)pb->workspace + bwd_di_bytes(pb);
+  char *slices = packs + s.pq_bytes + s.pk_bytes;
 #pragma omp parallel num_threads(s.nt)
   {
     bwd_bufs b;
     bwd_slice(&c, slices + (size_t)omp_get_thread_num() * slice, &b);
-    b.pack = NULL;
+    b.pq = s.pq_bytes ? (float *)packs : NULL;
+    b.pk = s.pk_bytes ? (float *)(packs + s.pq_bytes) : NULL;
+    b.pq_all = 1;
     /* Query-side units (passes 1 and 3) are (sequence, head, row block). */
 #pragma omp for schedule(static, 1)
     for (int64_t w = 0; w < s.q_units; w++) {
       const int64_t sh = w / s.nrb, r0 = (w % s.nrb) * c.br;
       cpu_unit u;
       cpu_unit_init(&u, &c, sh / pb->heads_q, sh % pb->heads_q);
-      if (r0 < u.sq.nq) bwd_di(&c, &u, &b, Di, r0, cpu_min(u.sq.nq, r0 + c.br));
+      if (r0 >= u.sq.nq) continue;
+      bwd_di(&c, &u, &b, Di, r0, cpu_min(u.sq.nq, r0 + c.br));
+      if (b.pq) bwd_pack_q(&c, &b, &u, r0, cpu_min(c.br, u.sq.nq - r0));
     }
     if (s.fused) {
       char *mine = slices + (size_t)omp_get_thread_num() * slice + slice;
       float *dQacc = (float *)(mine - s.dq_bytes - s.pack_bytes);
-      b.pack = s.pack_bytes ? (float *)(mine - s.pack_bytes) : NULL;
+      b.pq = s.pack_bytes ? (float *)(mine - s.pack_bytes) : NULL;
+      b.pq_all = 0;
 #pragma omp for schedule(dynamic, 1)
       for (int64_t w = 0; w < s.kv_units; w++)
         bwd_fused(&c, &b, Di, w / pb->heads_k, w % pb->heads_k, dQacc);
     } else {
+      if (s.pk_bytes)
+#pragma omp for schedule(static, 1)
+        for (int64_t w = 0; w < s.kv_units; w++) {
+          const int64_t sh = w / s.ncb, c0 = (w % s.ncb) * c.bc;
+          cpu_unit u;
+          cpu_unit_init(&u, &c, sh / pb->heads_k, sh % pb->heads_k * pb->group);
+          float *K, *KT, *VT;
+          bwd_pk_tile(&c, &b, &u, c0, &K, &KT, &VT);
+          if (c0 < u.sq.nk) bwd_load_kv_to(&c, &u, K, KT, VT, c0, cpu_min(c.bc, u.sq.nk - c0));
+        }
 #pragma omp for schedule(static, 1)
       for (int64_t w = 0; w < s.kv_units; w++) {
         const int64_t sh = w / s.ncb, c0 = (w % s.ncb) * c.bc;

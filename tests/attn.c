@@ -705,6 +705,27 @@ void attn_check_threads(const acfg *c) {
   prob_free(&p);
 }
 
+/* With and without the CPU backend's packed copies (FLASHATTN_CPU_PACK=0):
+ * the same bits. */
+void attn_check_pack(const acfg *c) {
+  prob p;
+  prob_init(&p, c);
+  tr_context("seed %#llx", (unsigned long long)c->seed);
+  runopt ro = runopt_of(c);
+  ro.threads = c->threads ? c->threads : 2;
+  run a, b;
+  ro.label = "packed:";
+  run_exec(&a, &p, &ro);
+  setenv("FLASHATTN_CPU_PACK", "0", 1);
+  ro.label = "FLASHATTN_CPU_PACK=0:";
+  run_exec(&b, &p, &ro);
+  unsetenv("FLASHATTN_CPU_PACK");
+  compare_runs("packed vs FLASHATTN_CPU_PACK=0", &a, &b, c->backward);
+  run_free(&a);
+  run_free(&b);
+  prob_free(&p);
+}
+
 void attn_check_workspace(const acfg *c) {
   prob p;
   prob_init(&p, c);

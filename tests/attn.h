@@ -63,6 +63,7 @@ typedef struct attn_stats {
 attn_stats attn_last_stats(void);
 
 /* Special cases (test_forward.c / test_backward.c register them). */
+void attn_check_pack(const acfg *c);      /* packed copies or not: bitwise identical */
 void attn_check_threads(const acfg *c);   /* threads 1, 2, 2, 0: bitwise identical */
 void attn_check_workspace(const acfg *c); /* caller workspace of the queried size */
 void attn_check_oracle(const acfg *c);    /* oracle vs an independent reference here */

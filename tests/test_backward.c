@@ -285,6 +285,7 @@ static void reg_layouts(void) {
 
 static void threads_fn(const void *arg) { attn_check_threads((const acfg *)arg); }
 static void workspace_fn(const void *arg) { attn_check_workspace((const acfg *)arg); }
+static void pack_fn(const void *arg) { attn_check_pack((const acfg *)arg); }
 
 static void reg_determinism(void) {
   for (int a = 0; a < 3; a++)
@@ -301,11 +302,18 @@ static void reg_determinism(void) {
       c.nk = 130;
       c.causal = t != 1;
       attn_register_fn("threads", threads_fn, &c, 0);
+      if (a == 0) attn_register_fn("pack", pack_fn, &c, 0); /* fused: 4 (sequence, K/V head) */
       c.batch = 1;
       c.nq = 90;
       c.nk = 110;
       c.layout = t == 1 ? TU_PADDED : TU_BNHD;
       attn_register_fn("workspace", workspace_fn, &c, 0);
+      if (a == 0) { /* non-fused: 2 units; a window off the key-block grid */
+        c.window = 1;
+        c.wl = 40;
+        c.wr = 7;
+        attn_register_fn("pack", pack_fn, &c, 0);
+      }
     }
   acfg c = acfg_default();
   c.backward = 1;
@@ -320,6 +328,7 @@ static void reg_determinism(void) {
   }
   c.causal = 1;
   attn_register_fn("threads", threads_fn, &c, 0);
+  attn_register_fn("pack", pack_fn, &c, 0);
   c.algo = FA_ALGO_FLASH1;
   c.dtype = FA_DTYPE_F32;
   attn_register_fn("threads", threads_fn, &c, 0);

@@ -306,6 +306,25 @@ static void nan_k_fn(const void *arg) { attn_check_nan_k((const acfg *)arg); }
 
 static void reg_special(const char *group, tr_fn fn, acfg c) { attn_register_fn(group, fn, &c, 0); }
 
+static void pack_fn(const void *arg) { attn_check_pack((const acfg *)arg); }
+
+/* K/V packed once per call (fwd_prepack) or converted per tile: the same bits.
+ * GQA (every tile read by two query heads), BNHD and BHND, f16 and bf16. */
+static void reg_pack(void) {
+  for (int t = 0; t < 2; t++) {
+    acfg c = acfg_default();
+    c.dtype = t ? FA_DTYPE_BF16 : FA_DTYPE_F16;
+    c.batch = 2;
+    c.hq = 4;
+    c.hk = 2;
+    c.nq = 130;
+    c.nk = 150;
+    c.causal = t;
+    c.layout = t ? TU_BHND : TU_BNHD;
+    reg_special("pack", pack_fn, c);
+  }
+}
+
 static void reg_nan(void) {
   for (int a = 0; a < 3; a++)
     for (int t = 0; t < 2; t++) {
@@ -665,6 +684,7 @@ void register_forward_tests(void) {
   reg_features();
   reg_varlen();
   reg_layouts();
+  reg_pack();
   reg_nan();
   reg_decode();
   reg_rounding();

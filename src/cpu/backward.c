@@ -23,7 +23,8 @@
  *   Q, dO, dQ: 3*Br*Dp;  K, K^T, V^T, dK, dV: 5*Bc*Dp;  S, dS, T: 3*Br*Bc;
  *   row ranges: 2*max(Br, Bc) int32 (each buffer rounded up to 64 bytes);
  *   fused order: dQ accumulator group*Nq*Dp, and while three times that is
- *   at most BWD_FUSED_MAX_BYTES, Q and dO packed (2*group*Nq*Dp);
+ *   at most BWD_FUSED_MAX_BYTES and all threads' packs at most 256 MiB, Q
+ *   and dO packed (2*group*Nq*Dp);
  * non-fused order, while at most BWD_PACK_MAX_BYTES in all: the call's
  * packed Q and dO (2*B*Hq*Nq*Dp) and K, K^T, V^T (3*B*Hk*Nk*Dp, Nk rounded
  * up to 16). B=H=1, N=65536, D=64: 256 KiB + ~0.3 MiB per thread (no pack:
@@ -93,7 +94,9 @@ typedef struct bwd_sched {
  * only, never on the thread count, so results stay bitwise thread-independent. */
 #define BWD_FUSED_MIN_UNITS 4
 #define BWD_FUSED_MAX_BYTES ((size_t)64 << 20)
-/* Largest packed Q, dO, K, K^T, V^T copy of the non-fused order. */
+/* Largest packed Q, dO, K, K^T, V^T copy of the non-fused order, and four
+ * times that for the fused order's per-thread packs together (packing never
+ * changes the results, so this may depend on the thread count). */
 #define BWD_PACK_MAX_BYTES ((size_t)64 << 20)
 
 static int64_t bwd_maxkp(const fa_problem *pb) { return fa_round_up(pb->max_seqlen_k, 16); }
@@ -111,15 +114,19 @@ static bwd_sched bwd_schedule(const cpu_ctx *c) {
   /* Packing Q and dO once per unit instead of converting a tile per step:
    * BNHD rows lie a head-stride apart, and each key block re-reading them
    * row by row stalled on every row (D=128 f32: ~19% of the backward). */
-  s.pack_bytes = s.fused && 3 * s.dq_bytes <= BWD_FUSED_MAX_BYTES ? 2 * s.dq_bytes : 0;
+  s.nt = cpu_threads(pb, cpu_max(s.q_units, s.kv_units));
+  const int pack = cpu_pack_enabled();
+  s.pack_bytes = pack && s.fused && 3 * s.dq_bytes <= BWD_FUSED_MAX_BYTES &&
+                         (size_t)s.nt * 2 * s.dq_bytes <= 4 * BWD_PACK_MAX_BYTES
+                     ? 2 * s.dq_bytes
+                     : 0;
   /* The non-fused order loads Q and dO per step in pass 2 and K, K^T, V^T
    * per step in pass 3 (B=1, H=2, N=8192, D=128 f32: 22% of the time):
    * packed once for the call, in parallel, while small enough. */
   const size_t fl = sizeof(float);
   s.pq_bytes = (size_t)(2 * pb->batch * pb->heads_q * pb->max_seqlen_q * c->Dp) * fl;
   s.pk_bytes = (size_t)(3 * pb->batch * pb->heads_k * bwd_maxkp(pb) * c->Dp) * fl;
-  if (s.fused || s.pq_bytes + s.pk_bytes > BWD_PACK_MAX_BYTES) s.pq_bytes = s.pk_bytes = 0;
-  s.nt = cpu_threads(pb, cpu_max(s.q_units, s.kv_units));
+  if (!pack || s.fused || s.pq_bytes + s.pk_bytes > BWD_PACK_MAX_BYTES) s.pq_bytes = s.pk_bytes = 0;
   return s;
 }
 

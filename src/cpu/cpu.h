@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -45,6 +46,15 @@ static inline void cpu_block_sizes(int64_t D, int64_t rt, int64_t ct, int64_t st
   }
   *br = r;
   *bc = c;
+}
+
+/* 0 when FLASHATTN_CPU_PACK=0: the forward's K/V and the backward's Q/dO (and
+ * K, K^T, V^T) packed copies are then not made, each step converting its
+ * tiles instead. Same results bit for bit (tests/attn.c, attn_check_pack);
+ * read at every call, so a test can switch it. */
+static inline int cpu_pack_enabled(void) {
+  const char *e = getenv("FLASHATTN_CPU_PACK");
+  return !(e && e[0] == '0' && e[1] == '\0');
 }
 
 static inline int64_t cpu_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }

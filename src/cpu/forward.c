@@ -96,7 +96,7 @@ static fwd_sched fwd_schedule(const cpu_ctx *c) {
   /* every K/V tile is read by group * nchunks units: convert and pack it once
    * for all of them when there are two or more and the packed copy stays
    * small (it is O(Hk N D), not O(N) like the rest of the forward's memory) */
-  s.prepack = pb->group * s.nchunks >= 2 && fwd_pack_bytes(c) <= FWD_PACK_MAX;
+  s.prepack = pb->group * s.nchunks >= 2 && fwd_pack_bytes(c) <= FWD_PACK_MAX && cpu_pack_enabled();
   return s;
 }
 

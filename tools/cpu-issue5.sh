@@ -6,7 +6,9 @@
 #   tools/cpu-issue5.sh            (BENCH=path/to/flashattn-bench to time another build)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# the README's build (build/) unless a CPU-only build-cpu/ is there
 B=${BENCH:-./build-cpu/bin/flashattn-bench}
+[ -n "${BENCH:-}" ] || [ -x "$B" ] || B=./build/bin/flashattn-bench
 run() { # label, args...
   label=$1; shift
   $B --peak --impl flash2 "$@" --json 2>/dev/null | python3 -c "

@@ -7,7 +7,9 @@
 # block-sparse (CPU)".   tools/cpu-sparse.sh [--no-window]   (BENCH=... for another build)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# the README's build (build/) unless a CPU-only build-cpu/ is there
 B=${BENCH:-./build-cpu/bin/flashattn-bench}
+[ -n "${BENCH:-}" ] || [ -x "$B" ] || B=./build/bin/flashattn-bench
 C=(--impl flash2 --pass fwd,bwd --batch 1 --heads 16 --seqlen 4096 --headdim 64 --dtype f32
   --no-causal --repeat 3 --max-time 4 --json)
 for s in 1 0.5 0.25 0.125 0.0625 0; do

@@ -42,7 +42,8 @@ enum {
   DEC_BK = 32,         /* keys per block: K and V of one block stay in L1 */
   DEC_MIN_SPLIT = 512, /* keys per split at least, so the combine stays small */
   DEC_MAX_SPLITS = 16, /* splits per (sequence, K/V head) at most */
-  DEC_PREFETCH = 16    /* keys ahead that each row load prefetches (measured best) */
+  DEC_PREFETCH = 16,   /* keys ahead that each row load prefetches (measured best) */
+  DEC_PAGE_AHEAD = 64  /* key-row path: keys ahead whose K/V pages get a first prefetch */
 };
 
 int cpu_decode_applies(const fa_problem *pb) {
@@ -197,9 +198,22 @@ static void dec_block(const cpu_ctx *c, dec_bufs *b, dec_head *hd, int64_t hk, i
  * key-row order (kern.h's dots_rows / pv_rows): the path of blocks with
  * nothing to apply per element, f32, f16 or bf16 rows read in place. */
 static void dec_rows_block(const cpu_ctx *c, const dec_plan *p, const dec_bufs *b,
-                           const dec_state *st, const fa_seq *sq, int64_t c0, int64_t nc) {
+                           const dec_state *st, const fa_seq *sq, int64_t c0, int64_t nc,
+                           int64_t khi) {
   const fa_problem *pb = c->pb;
   const int64_t es = c->esize;
+  /* One line per 4 KiB page of the K and V rows DEC_PAGE_AHEAD keys on: the
+   * hardware prefetcher streams within a page but starts each page over;
+   * asked early, it streams every page from its start. 32 prefetches per
+   * block (H=8, D=128, f16), not the 2048 of every line (which was slower);
+   * from DRAM +5-7% (f16/bf16/f32, alternating runs, docs/PERF.md CPU F6). */
+  if (c0 + DEC_PAGE_AHEAD + nc <= khi) {
+    const int64_t ks = pb->k.stride_seq * es, vs = pb->v.stride_seq * es;
+    const char *k = cpu_row(c, &pb->k, sq->kb, sq->k0 + c0 + DEC_PAGE_AHEAD, 0);
+    const char *v = cpu_row(c, &pb->v, sq->kb, sq->k0 + c0 + DEC_PAGE_AHEAD, 0);
+    for (int64_t o = 0; o < nc * ks; o += 4096) __builtin_prefetch(k + o, 0, 2);
+    for (int64_t o = 0; o < nc * vs; o += 4096) __builtin_prefetch(v + o, 0, 2);
+  }
   c->kn->dots_rows(p->rall, nc, c->Dp, b->Q, c->Dp, cpu_row(c, &pb->k, sq->kb, sq->k0 + c0, 0),
                    pb->k.stride_seq * es, pb->k.stride_head * es, pb->dtype, b->S, p->rall8,
                    c->scale);
@@ -266,7 +280,7 @@ static void dec_split(const cpu_ctx *c, const dec_plan *p, dec_bufs *b, char *st
   for (int64_t c0 = klo; c0 < khi; c0 += DEC_BK) {
     const int64_t nc = cpu_min(DEC_BK, khi - c0);
     if (rowwise && !cpu_tile_partial(&mk, 0, nq, c0, nc)) {
-      dec_rows_block(c, p, b, &st, &sq, c0, nc);
+      dec_rows_block(c, p, b, &st, &sq, c0, nc, khi);
       continue;
     }
     const int64_t n1 = cpu_min(DEC_BK, khi - c0 - DEC_BK); /* next block's keys */

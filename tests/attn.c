@@ -705,44 +705,49 @@ void attn_check_threads(const acfg *c) {
   prob_free(&p);
 }
 
-/* With and without the CPU backend's packed copies (FLASHATTN_CPU_PACK=0):
- * the same bits. */
-void attn_check_pack(const acfg *c) {
+/* Two runs of one problem that must give the same bits: the second after
+ * flip(&ro, 1), and flip(&ro, 0) restores what it changed outside ro. */
+static void check_same_bits(const acfg *c, int deterministic, const char *what, const char *la,
+                            const char *lb, void (*flip)(runopt *, int)) {
   prob p;
   prob_init(&p, c);
   tr_context("seed %#llx", (unsigned long long)c->seed);
   runopt ro = runopt_of(c);
   ro.threads = c->threads ? c->threads : 2;
+  ro.deterministic = deterministic;
   run a, b;
-  ro.label = "packed:";
+  ro.label = la;
   run_exec(&a, &p, &ro);
-  setenv("FLASHATTN_CPU_PACK", "0", 1);
-  ro.label = "FLASHATTN_CPU_PACK=0:";
+  flip(&ro, 1);
+  ro.label = lb;
   run_exec(&b, &p, &ro);
-  unsetenv("FLASHATTN_CPU_PACK");
-  compare_runs("packed vs FLASHATTN_CPU_PACK=0", &a, &b, c->backward);
+  flip(&ro, 0);
+  compare_runs(what, &a, &b, c->backward);
   run_free(&a);
   run_free(&b);
   prob_free(&p);
 }
 
+static void flip_pack(runopt *ro, int off) {
+  (void)ro;
+  if (off)
+    setenv("FLASHATTN_CPU_PACK", "0", 1);
+  else
+    unsetenv("FLASHATTN_CPU_PACK");
+}
+
+/* With and without the CPU backend's packed copies (FLASHATTN_CPU_PACK=0):
+ * the same bits. */
+void attn_check_pack(const acfg *c) {
+  check_same_bits(c, 0, "packed vs FLASHATTN_CPU_PACK=0",
+                  "packed:", "FLASHATTN_CPU_PACK=0:", flip_pack);
+}
+
+static void flip_workspace(runopt *ro, int caller) { ro->workspace = caller; }
+
 void attn_check_workspace(const acfg *c) {
-  prob p;
-  prob_init(&p, c);
-  tr_context("seed %#llx", (unsigned long long)c->seed);
-  runopt ro = runopt_of(c);
-  ro.threads = c->threads ? c->threads : 2;
-  ro.deterministic = 1;
-  run a, b;
-  ro.label = "library-allocated workspace:";
-  run_exec(&a, &p, &ro);
-  ro.workspace = 1;
-  ro.label = "caller workspace:";
-  run_exec(&b, &p, &ro);
-  compare_runs("caller workspace vs library-allocated", &a, &b, c->backward);
-  run_free(&a);
-  run_free(&b);
-  prob_free(&p);
+  check_same_bits(c, 1, "caller workspace vs library-allocated",
+                  "library-allocated workspace:", "caller workspace:", flip_workspace);
 }
 
 /* ---- the oracle against an independent reference --------------------------------------- */

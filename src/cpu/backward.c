@@ -378,7 +378,7 @@ fa_status fa_cpu_backward(const fa_problem *pb) {
     bwd_slice(&c, slices + (size_t)omp_get_thread_num() * slice, &b);
     b.pq = s.pq_bytes ? (float *)packs : NULL;
     b.pk = s.pk_bytes ? (float *)(packs + s.pq_bytes) : NULL;
-    b.pq_all = 1;
+    b.pq_all = !s.fused;
     /* Query-side units (passes 1 and 3) are (sequence, head, row block). */
 #pragma omp for schedule(static, 1)
     for (int64_t w = 0; w < s.q_units; w++) {
@@ -393,7 +393,6 @@ fa_status fa_cpu_backward(const fa_problem *pb) {
       char *mine = slices + (size_t)omp_get_thread_num() * slice + slice;
       float *dQacc = (float *)(mine - s.dq_bytes - s.pack_bytes);
       b.pq = s.pack_bytes ? (float *)(mine - s.pack_bytes) : NULL;
-      b.pq_all = 0;
 #pragma omp for schedule(dynamic, 1)
       for (int64_t w = 0; w < s.kv_units; w++)
         bwd_fused(&c, &b, Di, w / pb->heads_k, w % pb->heads_k, dQacc);

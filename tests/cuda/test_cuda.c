@@ -783,6 +783,21 @@ static void full_suite(void) {
                1000);
       c.window = 1, c.wl = 300, c.wr = -1, c.causal = 1;
       run_case(&c);
+      if (D == 64) { /* bands of 4096+ keys: the Hopper forward's 192-row blocks */
+        c = base(nm("%s D=%d %s", "causal nq=300 nk=4200", D, dt), dt, D, 1, 2, 300, 4200);
+        c.causal = 1;
+        run_case(&c);
+        c = base(nm("%s D=%d %s", "window 2500,1700 nq=1000 nk=4200", D, dt), dt, D, 1, 2, 1000,
+                 4200);
+        c.window = 1, c.wl = 2500, c.wr = 1700;
+        run_case(&c);
+        c = base(nm("%s D=%d %s", "varlen causal 4100,50 / 4100,60", D, dt), dt, D, 1, 2, 0, 0);
+        c.nseq = 2, c.causal = 1;
+        int lq2[2] = {4100, 50}, lk2[2] = {4100, 60};
+        memcpy(c.lq, lq2, sizeof lq2);
+        memcpy(c.lk, lk2, sizeof lk2);
+        run_case(&c);
+      }
       c = base(nm("%s D=%d %s", "softcap 1.5 scale 0.5", D, dt), dt, D, 2, 2, 129, 200);
       c.softcap = 1.5f, c.scale = 0.5f;
       run_case(&c);
@@ -879,6 +894,9 @@ static void small_suite(void) {
   tcase c = base("small basic D=64 f16", FA_DTYPE_F16, 64, 1, 2, 129, 129);
   run_case(&c);
   c = base("small causal nq=17 nk=129 D=128 bf16", FA_DTYPE_BF16, 128, 1, 2, 17, 129);
+  c.causal = 1;
+  run_case(&c);
+  c = base("small causal nq=200 nk=4200 D=64 bf16", FA_DTYPE_BF16, 64, 1, 1, 200, 4200);
   c.causal = 1;
   run_case(&c);
   c = base("small varlen D=72 bf16", FA_DTYPE_BF16, 72, 1, 2, 0, 0);

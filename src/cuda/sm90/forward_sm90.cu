@@ -38,9 +38,12 @@
 namespace fa {
 namespace sm90 {
 
-template <int D>
+/* NWG consumer warpgroups of 64 query rows: 2 at D = 128, 3 at D = 64 where
+ * sm90_forward chooses it (FlashAttention-3's D = 64 shape: the products are
+ * half as long, and a third warpgroup keeps the tensor cores fed). */
+template <int D, int NWG_>
 struct FwdShape {
-  static constexpr int NWG = 2, BR = 64 * NWG, BC = 128, ST = 2;
+  static constexpr int NWG = NWG_, BR = 64 * NWG, BC = 128, ST = 2;
   /* D = 128: a tile's softmax runs under the previous tile's O += P V, and
    * the two consumer warpgroups take turns issuing their products (named
    * barriers 2 and 3): +0-8% per cell at D = 128; at D = 64 the same
@@ -49,7 +52,7 @@ struct FwdShape {
    * pending at exit (barrier state does not outlive the CTA). */
   static constexpr bool OVERLAP = D > 64;
   /* the producer walks the schedule too: 24 registers spill */
-  static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+  static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = NWG == 2 ? 232 : 152;
   static_assert(regs_split_fits(NWG + 1, PRODUCER_REGS, CONSUMER_REGS), "registers fit");
 };
 
@@ -59,9 +62,9 @@ struct FwdParams {
   Schedule sched;         /* query blocks per (sequence, head), in launch order */
 };
 
-template <int D>
+template <int D, int NWG>
 struct FwdSmem {
-  using S = FwdShape<D>;
+  using S = FwdShape<D, NWG>;
   static constexpr uint32_t QBYTES = S::BR * D * 2, TBYTES = S::BC * D * 2;
   static constexpr uint32_t K0 = QBYTES, V0 = K0 + S::ST * TBYTES, O0 = V0 + S::ST * TBYTES;
   /* O is staged (row stride D + 8) apart from Q, so the next block's Q loads
@@ -111,12 +114,12 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BC / 8][4], float (&o)[D
   }
 }
 
-template <typename T, int D>
-__global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
+template <typename T, int D, int NWG>
+__global__ void __launch_bounds__((NWG + 1) * 128, 1)
     fwd_kernel(const __grid_constant__ FwdParams P) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = FwdShape<D>;
-  using L = FwdSmem<D>;
+  using S = FwdShape<D, NWG>;
+  using L = FwdSmem<D, NWG>;
   constexpr int BR = S::BR, BC = S::BC, ST = S::ST, NC = S::NWG * 128; /* consumer threads */
   const FwdArgs &p = P.a;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -396,10 +399,10 @@ __global__ void __launch_bounds__((FwdShape<D>::NWG + 1) * 128, 1)
 #endif
 }
 
-template <typename T, int D>
+template <typename T, int D, int NWG>
 fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
-  using S = FwdShape<D>;
-  constexpr size_t smem = FwdSmem<D>::BYTES;
+  using S = FwdShape<D, NWG>;
+  constexpr size_t smem = FwdSmem<D, NWG>::BYTES;
   static_assert(smem <= 227 * 1024, "fits Hopper's shared memory");
   constexpr bool BF = std::is_same<T, __nv_bfloat16>::value;
   FwdParams prm;
@@ -415,7 +418,7 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
       (st = make_map(&prm.tv, BF, a.v, a.d, a.nk, hk, a.batch, a.v_ss, a.v_sh, a.v_sb, pk,
                      S::BC)) != FA_OK)
     return st;
-  auto kernel = fwd_kernel<T, D>;
+  auto kernel = fwd_kernel<T, D, NWG>;
   static bool attr_done = false;
   if ((st = smem_limit_once(kernel, smem, attr_done)) != FA_OK) return st;
   prm.sched.nblk = (a.max_seqlen_q + S::BR - 1) / S::BR;
@@ -469,7 +472,20 @@ bool sm90_strict() {
 
 template <typename T>
 fa_status sm90_forward(const FwdArgs &a, cudaStream_t s) {
-  return a.d <= 64 ? sm90::fwd_launch<T, 64>(a, s) : sm90::fwd_launch<T, 128>(a, s);
+  if (a.d > 64) return sm90::fwd_launch<T, 128, 2>(a, s);
+  /* D = 64: 192-row blocks (three warpgroups) gain 4-19% per cell, except
+   * under block masks (their 128-row blocks would be straddled) and where a
+   * causal or window band leaves the rows under 4096 keys: a 192-row block's
+   * diagonal tiles, computed whole though wholly masked for some of its
+   * warpgroups, then cost more than the third warpgroup gains (causal
+   * N = 512-2048: 3-18% slower; docs/PERF.md "CUDA forward"). Skipping those
+   * tiles per warpgroup, a branch in the tile loop, cost 10% everywhere. */
+  const int64_t keys = a.cu_q ? a.max_seqlen_q : a.nk;
+  int64_t band = keys;
+  if (a.window_enabled && a.window_left >= 0 && a.window_right >= 0)
+    band = std::min(keys, a.window_left + a.window_right + 1);
+  const bool three = !a.bmask && (!(a.causal || a.window_enabled) || band >= 4096);
+  return three ? sm90::fwd_launch<T, 64, 3>(a, s) : sm90::fwd_launch<T, 64, 2>(a, s);
 }
 template fa_status sm90_forward<__half>(const FwdArgs &, cudaStream_t);
 template fa_status sm90_forward<__nv_bfloat16>(const FwdArgs &, cudaStream_t);

@@ -420,7 +420,8 @@ def main():
     ap.add_argument("--pass", dest="which", choices=("fwd", "bwd", "all"), default="all")
     ap.add_argument("--no-mem", action="store_true", help="skip the memory-vs-N table")
     ap.add_argument("--only-ours", action="store_true", help="time only flashattn (tuning)")
-    ap.add_argument("--headdim", type=int, nargs="+", choices=(64, 128), default=(64, 128),
+    ap.add_argument("--headdim", type=int, nargs="+", choices=(32, 64, 72, 80, 96, 128, 192, 256),
+                    default=(64, 128),
                     help="head dims of the grids (both by default)")
     a = ap.parse_args()
     lib = a.lib or next(iter(sorted(glob.glob("build-gpu/libflashattn.so*"))), None)

@@ -4,8 +4,9 @@
  *   Di      heads_q * total_q floats (lse layout)
  *   lse2    as many floats (lse * log2 e)
  *   dQ acc  heads_q * total_q * Dp floats, Dp the padded head dim (32, 64, 96,
- *           128, 192 or 256); not with params.deterministic, whose dQ kernel
- *           keeps dQ in registers.
+ *           128, 192 or 256), 128 at head dims 65-96 (the Hopper kernel pads
+ *           those to 128; the sm_80 kernel's rows of 96 use the first 3/4); not
+ *           with params.deterministic, whose dQ kernel keeps dQ in registers.
  * For varlen, total_q is q's seqlen (the packed rows). O(B H N D), never N^2.
  * The flash kernels need q, k, v, o, dout, dq, dk, dv 16-byte aligned with
  * strides that are multiples of 8 elements (else FA_ERR_UNSUPPORTED). */
@@ -42,7 +43,8 @@ size_t fa_cuda_backward_workspace(const fa_problem *pb) {
   if (!fa::is_flash(pb)) return 0;
   size_t n = 2 * rows_bytes(pb);
   if (!pb->params->deterministic)
-    n += (size_t)pb->heads_q * (size_t)pb->total_q * (size_t)fa::padded_headdim(pb->headdim) *
+    n += (size_t)pb->heads_q * (size_t)pb->total_q *
+         (size_t)(pb->headdim > 64 && pb->headdim <= 96 ? 128 : fa::padded_headdim(pb->headdim)) *
          sizeof(float);
   return n;
 }

@@ -456,11 +456,7 @@ extern "C" __attribute__((visibility("default"))) int fa_sm90_trace_dump(const c
 }
 #endif
 
-/* Not head dims 65-96: their dQ accumulator rows are padded_headdim(d) = 96
- * floats (backward.cu), the kernel's are 128. */
-bool sm90_backward_covers(const BwdArgs &a) {
-  return a.dq_acc != NULL && sm90_forward_covers(a) && !(a.d > 64 && a.d <= 96);
-}
+bool sm90_backward_covers(const BwdArgs &a) { return a.dq_acc != NULL && sm90_forward_covers(a); }
 
 template <typename T>
 fa_status sm90_backward(const BwdArgs &a, cudaStream_t s) {

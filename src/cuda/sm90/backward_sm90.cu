@@ -456,7 +456,9 @@ extern "C" __attribute__((visibility("default"))) int fa_sm90_trace_dump(const c
 }
 #endif
 
-bool sm90_backward_covers(const BwdArgs &a) { return a.dq_acc != NULL && sm90_forward_covers(a); }
+bool sm90_backward_covers(const BwdArgs &a) {
+  return a.dq_acc != NULL && a.d <= 128 && sm90_forward_covers(a);
+}
 
 template <typename T>
 fa_status sm90_backward(const BwdArgs &a, cudaStream_t s) {

@@ -24,8 +24,8 @@
  * and the rest carry no masking arithmetic.
  *
  * Covers the plain score path (no softcap, ALiBi or dropout; block masks of
- * 128-multiple blocks, skipped a whole tile at a time) at padded head dims 64
- * and 128; forward.cu sends everything else to the sm_80
+ * 128-multiple blocks, skipped a whole tile at a time) at padded head dims 64,
+ * 128 and 256 (FwdShape); forward.cu sends everything else to the sm_80
  * kernels. Built only for sm_90a; other targets compile an empty body. */
 #include <stdlib.h>
 #include <string.h>
@@ -43,14 +43,18 @@ namespace sm90 {
  * half as long, and a third warpgroup keeps the tensor cores fed). */
 template <int D, int NWG_>
 struct FwdShape {
-  static constexpr int NWG = NWG_, BR = 64 * NWG, BC = 128, ST = 2;
+  /* D = 256: key tiles of 64, so that Q and two stages of K and V fit
+   * (192 KB); O then goes from registers straight to global memory (no
+   * staging tile) */
+  static constexpr int NWG = NWG_, BR = 64 * NWG, BC = D > 128 ? 64 : 128, ST = 2;
+  static constexpr bool STAGE_O = D <= 128;
   /* D = 128: a tile's softmax runs under the previous tile's O += P V, and
    * the two consumer warpgroups take turns issuing their products (named
    * barriers 2 and 3): +0-8% per cell at D = 128; at D = 64 the same
    * schedule was 8-15% slower, so it keeps one product at a time
    * (docs/PERF.md, "CUDA forward"). Warpgroup 1's last arrival is left
    * pending at exit (barrier state does not outlive the CTA). */
-  static constexpr bool OVERLAP = D > 64;
+  static constexpr bool OVERLAP = D == 128;
   /* the producer walks the schedule too: 24 registers spill */
   static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = NWG == 2 ? 232 : 152;
   static_assert(regs_split_fits(NWG + 1, PRODUCER_REGS, CONSUMER_REGS), "registers fit");
@@ -69,7 +73,7 @@ struct FwdSmem {
   static constexpr uint32_t K0 = QBYTES, V0 = K0 + S::ST * TBYTES, O0 = V0 + S::ST * TBYTES;
   /* O is staged (row stride D + 8) apart from Q, so the next block's Q loads
    * during this block's epilogue */
-  static constexpr uint32_t BARS = O0 + S::BR * (D + 8) * 2;
+  static constexpr uint32_t BARS = O0 + (S::STAGE_O ? S::BR * (D + 8) * 2 : 0);
   /* barriers: q_full, q_empty, k_full[ST], v_full[ST], k_empty[ST],
    * v_empty[ST]; then the block index of Q's two phases; plus 1 KB to align
    * the base to 1024 bytes */
@@ -263,9 +267,13 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     /* issue O += P V from stage st's V (arrived) */
     auto pv = [&](int st) {
       const uint32_t v_base = sQ + L::V0 + st * L::TBYTES;
+      constexpr int PN = D > 128 ? 128 : D; /* product widths instantiated: 64, 128 */
 #pragma unroll
       for (int kk = 0; kk < BC / 16; ++kk)
-        wgmma_rs<T, D>(o, pa[kk], sw128_mnmajor(v_base, kk, BC * 128), 1);
+#pragma unroll
+        for (int h = 0; h < D / PN; ++h) /* columns [h PN, (h + 1) PN): 64-column blocks 2h, 2h+1 */
+          wgmma_rs<T, PN>(*reinterpret_cast<float(*)[PN / 8][4]>(&o[h * PN / 8][0]), pa[kk],
+                          sw128_mnmajor(v_base + h * (PN / 64) * BC * 128, kk, BC * 128), 1);
       wg_commit();
     };
     /* after its wait: stage st's V back to the producer */
@@ -377,10 +385,28 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     if (S::OVERLAP && pend >= 0) pv_now(pend, pend_i); /* the last tile's product */
     mbar_arrive(q_empty); /* the producer may load Q and write the slot again */
 
+    float *lse_row = p.lse + k.sv.lse0 + k.h * k.sv.lse_hs + k.r0;
+    T *o_blk = (T *)p.o + k.sv.qb * p.o_sb + (k.sv.q0 + k.r0) * p.o_ss + k.h * p.o_sh;
+    if (!S::STAGE_O) { /* normalise, write lse and O from registers */
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        float lse;
+        const float inv = online_finish(m_run[rr] * mul, l_run[rr], &lse);
+        const int lr = wrow + g + 8 * rr;
+        if (lr < k.rows) {
+          if (t == 0) lse_row[lr] = lse;
+#pragma unroll
+          for (int jj = 0; jj < D / 8; ++jj)
+            if (jj * 8 < p.d)
+              *reinterpret_cast<uint32_t *>(o_blk + lr * p.o_ss + jj * 8 + 2 * t) =
+                  pack2<T>(o[jj][2 * rr] * inv, o[jj][2 * rr + 1] * inv);
+        }
+      }
+      continue;
+    }
     /* Normalise, write lse, stage O (row stride D + 8) through shared memory;
      * the first barrier: every consumer is done storing the previous block's */
     named_sync(1, NC);
-    float *lse_row = p.lse + k.sv.lse0 + k.h * k.sv.lse_hs + k.r0;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       float lse;
@@ -393,8 +419,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             pack2<T>(o[jj][2 * rr] * inv, o[jj][2 * rr + 1] * inv);
     }
     named_sync(1, NC);
-    store_tile<T, BR, D, NC>((T *)p.o + k.sv.qb * p.o_sb + (k.sv.q0 + k.r0) * p.o_ss + k.h * p.o_sh,
-                             p.o_ss, sO, k.rows, p.d, ctid);
+    store_tile<T, BR, D, NC>(o_blk, p.o_ss, sO, k.rows, p.d, ctid);
   }
 #endif
 }
@@ -446,10 +471,10 @@ bool sm90_forward_covers(const AttnArgs &a) {
   if (a.drop.keep_scale > 0.f || !bm_fits || a.cap_log2 > 0.f || a.alibi != NULL ||
       !(a.scale_log2 > 0.f))
     return false;
-  /* head dims 33-128, padded to 64 or 128 (TMA fills the columns past d
+  /* head dims 33-256, padded to 64, 128 or 256 (TMA fills the columns past d
    * with zeros; 65-96 padded to 128 still ran 1.3-1.5x the sm_80 kernel's
    * own D = 96 on an H100, docs/PERF.md) */
-  return a.d > 32 && a.d <= 128;
+  return a.d > 32 && a.d <= 256;
 }
 
 bool sm90_device() {
@@ -474,6 +499,7 @@ bool sm90_strict() {
 
 template <typename T>
 fa_status sm90_forward(const FwdArgs &a, cudaStream_t s) {
+  if (a.d > 128) return sm90::fwd_launch<T, 256, 2>(a, s);
   if (a.d > 64) return sm90::fwd_launch<T, 128, 2>(a, s);
   /* D = 64: 192-row blocks (three warpgroups) gain 4-19% per cell, except
    * under block masks (their 128-row blocks would be straddled) and where a

@@ -25,7 +25,7 @@
  *
  * Covers the plain score path (no softcap, ALiBi or dropout; block masks of
  * 128-multiple blocks, skipped a whole tile at a time) at padded head dims 64,
- * 128 and 256 (FwdShape); forward.cu sends everything else to the sm_80
+ * 128, 192 and 256 (FwdShape); forward.cu sends everything else to the sm_80
  * kernels. Built only for sm_90a; other targets compile an empty body. */
 #include <stdlib.h>
 #include <string.h>
@@ -43,11 +43,11 @@ namespace sm90 {
  * half as long, and a third warpgroup keeps the tensor cores fed). */
 template <int D, int NWG_>
 struct FwdShape {
-  /* D = 256: key tiles of 64, so that Q and two stages of K and V fit
-   * (192 KB); O then goes from registers straight to global memory (no
-   * staging tile) */
+  /* D = 192 and 256: key tiles of 64, so that Q and two stages of K and V
+   * fit (144 and 192 KB); at 256 O then goes from registers straight to
+   * global memory (no room for a staging tile) */
   static constexpr int NWG = NWG_, BR = 64 * NWG, BC = D > 128 ? 64 : 128, ST = 2;
-  static constexpr bool STAGE_O = D <= 128;
+  static constexpr bool STAGE_O = D <= 192;
   /* D = 128: a tile's softmax runs under the previous tile's O += P V, and
    * the two consumer warpgroups take turns issuing their products (named
    * barriers 2 and 3): +0-8% per cell at D = 128; at D = 64 the same
@@ -267,13 +267,20 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     /* issue O += P V from stage st's V (arrived) */
     auto pv = [&](int st) {
       const uint32_t v_base = sQ + L::V0 + st * L::TBYTES;
-      constexpr int PN = D > 128 ? 128 : D; /* product widths instantiated: 64, 128 */
+      /* columns [c, c + 128) per product, the last one [c, c + 64) at D =
+       * 192 (the widths wgmma.cuh instantiates: 64, 128); column c's 64-column
+       * block starts c / 64 * BC * 128 bytes into the tile */
+      constexpr int PN = D >= 128 ? 128 : D, PL = D % PN ? D % PN : PN;
 #pragma unroll
-      for (int kk = 0; kk < BC / 16; ++kk)
+      for (int kk = 0; kk < BC / 16; ++kk) {
 #pragma unroll
-        for (int h = 0; h < D / PN; ++h) /* columns [h PN, (h + 1) PN): 64-column blocks 2h, 2h+1 */
-          wgmma_rs<T, PN>(*reinterpret_cast<float(*)[PN / 8][4]>(&o[h * PN / 8][0]), pa[kk],
-                          sw128_mnmajor(v_base + h * (PN / 64) * BC * 128, kk, BC * 128), 1);
+        for (int c = 0; c + PN <= D; c += PN)
+          wgmma_rs<T, PN>(*reinterpret_cast<float(*)[PN / 8][4]>(&o[c / 8][0]), pa[kk],
+                          sw128_mnmajor(v_base + c / 64 * BC * 128, kk, BC * 128), 1);
+        if constexpr (PL != PN)
+          wgmma_rs<T, PL>(*reinterpret_cast<float(*)[PL / 8][4]>(&o[(D - PL) / 8][0]), pa[kk],
+                          sw128_mnmajor(v_base + (D - PL) / 64 * BC * 128, kk, BC * 128), 1);
+      }
       wg_commit();
     };
     /* after its wait: stage st's V back to the producer */
@@ -499,7 +506,8 @@ bool sm90_strict() {
 
 template <typename T>
 fa_status sm90_forward(const FwdArgs &a, cudaStream_t s) {
-  if (a.d > 128) return sm90::fwd_launch<T, 256, 2>(a, s);
+  if (a.d > 192) return sm90::fwd_launch<T, 256, 2>(a, s);
+  if (a.d > 128) return sm90::fwd_launch<T, 192, 2>(a, s);
   if (a.d > 64) return sm90::fwd_launch<T, 128, 2>(a, s);
   /* D = 64: 192-row blocks (three warpgroups) gain 4-19% per cell, except
    * under block masks (their 128-row blocks would be straddled) and where a

@@ -403,10 +403,15 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         if (lr < k.rows) {
           if (t == 0) lse_row[lr] = lse;
 #pragma unroll
-          for (int jj = 0; jj < D / 8; ++jj)
-            if (jj * 8 < p.d)
-              *reinterpret_cast<uint32_t *>(o_blk + lr * p.o_ss + jj * 8 + 2 * t) =
+          for (int jj = 0; jj < D / 8; ++jj) {
+            const int col = jj * 8 + 2 * t; /* a pair, or the last column of an odd d */
+            T *dst = o_blk + lr * p.o_ss + col;
+            if (col + 2 <= p.d)
+              *reinterpret_cast<uint32_t *>(dst) =
                   pack2<T>(o[jj][2 * rr] * inv, o[jj][2 * rr + 1] * inv);
+            else if (col < p.d)
+              *dst = T(o[jj][2 * rr] * inv);
+          }
         }
       }
       continue;
@@ -478,7 +483,7 @@ bool sm90_forward_covers(const AttnArgs &a) {
   if (a.drop.keep_scale > 0.f || !bm_fits || a.cap_log2 > 0.f || a.alibi != NULL ||
       !(a.scale_log2 > 0.f))
     return false;
-  /* head dims 33-256, padded to 64, 128 or 256 (TMA fills the columns past d
+  /* head dims 33-256, padded to 64, 128, 192 or 256 (TMA fills the columns past d
    * with zeros; 65-96 padded to 128 still ran 1.3-1.5x the sm_80 kernel's
    * own D = 96 on an H100, docs/PERF.md) */
   return a.d > 32 && a.d <= 256;

@@ -172,7 +172,7 @@ struct BwdTraits<192> {
 #define FA_BWD256_BC 64
 #endif
 #ifndef FA_BWD256_BR
-#define FA_BWD256_BR 32
+#define FA_BWD256_BR 64
 #endif
 #ifndef FA_BWD256_NW
 #define FA_BWD256_NW 8
@@ -778,8 +778,10 @@ fa_status flash_bwd_launch(const BwdArgs &a, cudaStream_t stream) {
   if (st != FA_OK) return st;
 
   constexpr int LD = D + 8;
-  /* the EXT variant steps 32 query rows at D = 64: with 64 it spills on sm_80 */
-  constexpr int XBR = D == 64 && C::BR > 32 ? 32 : C::BR;
+  /* the EXT variant steps 32 query rows at D = 64 and 256, the XF one at
+   * 256: with 64 they spill on sm_80 */
+  constexpr int XBR = (D == 64 || D == 256) && C::BR > 32 ? 32 : C::BR;
+  constexpr int FBR = D == 256 && C::BR > 32 ? 32 : C::BR;
   /* K, V, Q, dO tiles, P^T (unless in registers), dS^T (unless in registers
    * without dQ), L and Di; EXT: one byte per thread for the block-mask tile classes */
   auto kv_smem_for = [&](int br) {
@@ -788,12 +790,12 @@ fa_status flash_bwd_launch(const BwdArgs &a, cudaStream_t stream) {
     return (size_t)(2 * C::BC + 2 * br) * LD * sizeof(T) + (reg ? 0 : lds) + 2 * br * 4 +
            (det && reg ? 0 : lds) + (ext ? 256 : 0);
   };
-  const size_t kv_smem = kv_smem_for(ext ? XBR : C::BR);
+  const size_t kv_smem = kv_smem_for(xf == 2 ? XBR : xf == 1 ? FBR : C::BR);
   using KV = void (*)(BwdArgs);
   const KV kvs[3][2] = {{flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, false, true, false>,
                          flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, false, false, false>},
-                        {flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, true, true, false>,
-                         flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, true, false, false>},
+                        {flash_bwd_kv_kernel<T, D, C::BC, FBR, C::NW, C::MINB, true, true, false>,
+                         flash_bwd_kv_kernel<T, D, C::BC, FBR, C::NW, C::MINB, true, false, false>},
                         {flash_bwd_kv_kernel<T, D, C::BC, XBR, C::NW, C::MINB, true, true, true>,
                          flash_bwd_kv_kernel<T, D, C::BC, XBR, C::NW, C::MINB, true, false, true>}};
   const KV kv = kvs[xf][det];

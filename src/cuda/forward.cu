@@ -58,9 +58,31 @@ using fa::rows_aligned;
 
 /* ---- FlashAttention-2 ------------------------------------------------------ */
 
+/* Key splits for decode shapes (a row block or less per sequence and head,
+ * fewer (sequence, head) pairs than an H100 has SMs): enough splits for about
+ * two waves of 132 SMs, each of at least 1024 keys, at most 32. The Hopper
+ * kernel at head dims up to 128 takes them (the sm_80 kernel ignores them);
+ * chosen from the problem alone, so the workspace size is the same on every
+ * device. H100, D=128, B=1, 32 heads: 2.0x at 16k-64k keys (docs/PERF.md). */
+static int fwd_splits(const fa_problem *pb) {
+  if (!is_flash(pb) || pb->max_seqlen_q > 64 || pb->headdim > 128) return 1;
+  const int64_t pairs = pb->batch * pb->heads_q, by_keys = pb->max_seqlen_k / 1024;
+  if (pairs >= 132) return 1;
+  int64_t s = (264 + pairs - 1) / pairs;
+  s = s < by_keys ? s : by_keys;
+  return (int)(s < 1 ? 1 : s > 32 ? 32 : s);
+}
+
+/* Workspace parts of a split forward: lse then O partials (kernel-D floats) */
+static size_t fwd_split_bytes(const fa_problem *pb, int ns) {
+  const size_t rows = (size_t)pb->heads_q * (size_t)pb->total_q * (size_t)ns;
+  return ns > 1 ? ((rows * 4 + 255) & ~(size_t)255) + rows * (pb->headdim <= 64 ? 64 : 128) * 4 : 0;
+}
+
 template <typename T>
 fa_status flash_dispatch(const fa::FwdArgs &a, cudaStream_t s) {
-  return fa::dispatch_headdim(a.d, [&](auto dp) { return fa::flash_fwd_launch<T, decltype(dp)::value>(a, s); });
+  return fa::dispatch_headdim(
+      a.d, [&](auto dp) { return fa::flash_fwd_launch<T, decltype(dp)::value>(a, s); });
 }
 
 fa_status flash_forward(const fa_problem *pb) {
@@ -71,6 +93,12 @@ fa_status flash_forward(const fa_problem *pb) {
   a.o_sb = pb->o.stride_batch, a.o_ss = pb->o.stride_seq, a.o_sh = pb->o.stride_head;
   a.sched = (int *)pb->workspace;
   fa::fill_common_args(a, pb);
+  a.nsplit = fwd_splits(pb);
+  a.split_tiles = (int)((pb->max_seqlen_k + 127) / 128 + a.nsplit - 1) / a.nsplit;
+  a.part_rows = pb->heads_q * pb->total_q;
+  char *parts = (char *)pb->workspace + 256;
+  a.part_lse = (float *)parts;
+  a.part_o = (float *)(parts + (((size_t)a.part_rows * a.nsplit * 4 + 255) & ~(size_t)255));
   cudaStream_t s = (cudaStream_t)pr->stream;
 #ifdef FA_HAVE_SM90A
   if (fa::sm90_device() && fa::sm90_forward_covers(a)) {
@@ -332,8 +360,9 @@ fa_status fa_cuda_check(const fa_problem *pb, fa_pass pass) {
 }
 
 size_t fa_cuda_forward_workspace(const fa_problem *pb) {
-  /* flash: the Hopper kernel's block counter (sm90/schedule.cuh) */
-  return is_flash(pb) ? 64 : std_workspace(pb);
+  /* flash: the Hopper kernel's block counter (sm90/schedule.cuh), then a
+   * split forward's partials */
+  return is_flash(pb) ? 256 + fwd_split_bytes(pb, fwd_splits(pb)) : std_workspace(pb);
 }
 
 fa_status fa_cuda_forward(const fa_problem *pb) {

@@ -66,6 +66,14 @@ struct FwdArgs : AttnArgs {
   float *lse;
   int64_t o_sb, o_ss, o_sh;
   int *sched; /* the Hopper kernel's block counter: a word of the workspace */
+  /* Split keys (the Hopper kernel, decode shapes: forward.cu's fwd_splits):
+   * nsplit > 1 cuts each row's key tiles into ranges of split_tiles; range s
+   * leaves its normalised O (part_o, kernel-D floats per row) and lse
+   * (part_lse) at row s * part_rows + the row's lse index, and a second
+   * kernel combines them. nsplit = 1: no split. */
+  int nsplit, split_tiles;
+  int64_t part_rows;
+  float *part_o, *part_lse;
 };
 
 /* Tile shapes per (padded) head dim: MT m-tiles of 16 rows per warp, NW warps,

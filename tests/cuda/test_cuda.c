@@ -803,6 +803,28 @@ static void full_suite(void) {
                1000);
       c.window = 1, c.wl = 300, c.wr = -1, c.causal = 1;
       run_case(&c);
+      if (D <= 128) { /* decode shapes: the Hopper forward splits the keys */
+        c = base(nm("%s D=%d %s", "decode split nq=1 nk=5000", D, dt), dt, D, 1, 2, 1, 5000);
+        run_case(&c);
+        c = base(nm("%s D=%d %s", "decode split GQA 8:2 causal nq=1 nk=3000", D, dt), dt, D, 1, 8,
+                 1, 3000);
+        c.Hk = 2, c.causal = 1;
+        run_case(&c);
+        c = base(nm("%s D=%d %s", "decode split causal nq=5 nk=4100", D, dt), dt, D, 1, 2, 5, 4100);
+        c.causal = 1;
+        run_case(&c);
+        c = base(nm("%s D=%d %s", "decode split window 300,0 nq=1 nk=6000", D, dt), dt, D, 1, 2, 1,
+                 6000);
+        c.window = 1, c.wl = 300, c.wr = 0;
+        run_case(&c);
+        c = base(nm("%s D=%d %s", "decode split varlen 1,3,0,2 / 3000,1500,800,4100 causal", D, dt),
+                 dt, D, 1, 2, 0, 0);
+        c.nseq = 4, c.causal = 1;
+        int lq4[4] = {1, 3, 0, 2}, lk4[4] = {3000, 1500, 800, 4100};
+        memcpy(c.lq, lq4, sizeof lq4);
+        memcpy(c.lk, lk4, sizeof lk4);
+        run_case(&c);
+      }
       if (D == 64) { /* bands of 4096+ keys: the Hopper forward's 192-row blocks */
         c = base(nm("%s D=%d %s", "causal nq=300 nk=4200", D, dt), dt, D, 1, 2, 300, 4200);
         c.causal = 1;
@@ -924,6 +946,8 @@ static void small_suite(void) {
   run_case(&c);
   c = base("small causal nq=17 nk=129 D=128 bf16", FA_DTYPE_BF16, 128, 1, 2, 17, 129);
   c.causal = 1;
+  run_case(&c);
+  c = base("small decode split nq=1 nk=2600 D=128 bf16", FA_DTYPE_BF16, 128, 1, 1, 1, 2600);
   run_case(&c);
   c = base("small causal nq=200 nk=4200 D=64 bf16", FA_DTYPE_BF16, 64, 1, 1, 200, 4200);
   c.causal = 1;

@@ -118,7 +118,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BC / 8][4], float (&o)[D
   }
 }
 
-template <typename T, int D, int NWG>
+template <typename T, int D, int NWG, bool SPLIT>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     fwd_kernel(const __grid_constant__ FwdParams P) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -156,7 +156,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   volatile int *slot =
       reinterpret_cast<volatile int *>(smem_raw + (sQ + L::SLOTS - smem_addr(smem_raw)));
   struct Block {
-    int b, h, r0, rows;
+    int b, h, sp, r0, rows; /* sp: the key split (SPLIT) */
     SeqView sv;
     fa_mask mk;
     KeyTiles kt;
@@ -165,6 +165,11 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   auto setup = [&](int t, Block &k) {
     int x;
     P.sched.decode(t, x, k.h, k.b);
+    k.sp = 0;
+    if (SPLIT) { /* the schedule's heads are (head, split) pairs */
+      k.sp = k.h % p.nsplit;
+      k.h /= p.nsplit;
+    }
     k.sv = seq_view(p, k.b);
     k.r0 = (P.sched.nblk - 1 - x) * BR;
     if (k.r0 >= k.sv.nq) return false;
@@ -172,6 +177,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     k.mk =
         fa_mask_make(k.sv.nq, k.sv.nk, p.causal, p.window_enabled, p.window_left, p.window_right);
     k.kt = key_tiles<BC>(k.mk, k.r0, k.rows);
+    if (SPLIT) { /* this split's tiles only (none: an empty walk, lse -inf) */
+      k.kt.n_begin = max(k.kt.n_begin, k.sp * p.split_tiles);
+      k.kt.n_end = max(k.kt.n_begin, min(k.kt.n_end, (k.sp + 1) * p.split_tiles));
+    }
     return true;
   };
   /* Key tiles a block mask (blocks a multiple of the tile, sm90_forward_covers)
@@ -394,6 +403,24 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 
     float *lse_row = p.lse + k.sv.lse0 + k.h * k.sv.lse_hs + k.r0;
     T *o_blk = (T *)p.o + k.sv.qb * p.o_sb + (k.sv.q0 + k.r0) * p.o_ss + k.h * p.o_sh;
+    if (SPLIT) { /* this split's normalised O and lse, float32, for the combine */
+      const int64_t row0 = k.sp * p.part_rows + k.sv.lse0 + k.h * k.sv.lse_hs + k.r0;
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        float lse;
+        const float inv = online_finish(m_run[rr] * mul, l_run[rr], &lse);
+        const int lr = wrow + g + 8 * rr;
+        if (lr < k.rows) {
+          if (t == 0) p.part_lse[row0 + lr] = lse;
+          float *po = p.part_o + (row0 + lr) * D;
+#pragma unroll
+          for (int jj = 0; jj < D / 8; ++jj)
+            *reinterpret_cast<float2 *>(po + jj * 8 + 2 * t) =
+                make_float2(o[jj][2 * rr] * inv, o[jj][2 * rr + 1] * inv);
+        }
+      }
+      continue;
+    }
     if (!S::STAGE_O) { /* normalise, write lse and O from registers */
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
@@ -436,7 +463,43 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 #endif
 }
 
-template <typename T, int D, int NWG>
+/* O and lse of each row from its splits' partials: weights e^(lse_s - M),
+ * M the largest lse_s; one warp per row, lanes over the kernel's D columns. */
+template <typename T, int D>
+__global__ void __launch_bounds__(256) fwd_combine_kernel(const FwdArgs p) {
+  const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= p.part_rows) return;
+  float M = -INFINITY;
+  for (int s = 0; s < p.nsplit; ++s) M = fmaxf(M, p.part_lse[s * p.part_rows + row]);
+  constexpr int C = D / 32; /* columns per lane */
+  float acc[C] = {}, L = 0.f;
+  if (M > -INFINITY)
+    for (int s = 0; s < p.nsplit; ++s) {
+      const float w = __expf(p.part_lse[s * p.part_rows + row] - M);
+      L += w;
+      const float *po = p.part_o + (s * p.part_rows + row) * D + lane * C;
+#pragma unroll
+      for (int c = 0; c < C; ++c) acc[c] += w * po[c];
+    }
+  const float inv = L > 0.f ? 1.f / L : 0.f;
+  /* the row's place: its lse index is lse0 + h lse_hs + r (seq_view) */
+  T *dst;
+  if (p.cu_q) {
+    const int64_t h = row / p.total_q, pr = row % p.total_q;
+    dst = (T *)p.o + pr * p.o_ss + h * p.o_sh;
+  } else {
+    const int64_t per_b = (int64_t)p.heads_q * p.nq, b = row / per_b, h = row % per_b / p.nq,
+                  r = row % p.nq;
+    dst = (T *)p.o + b * p.o_sb + r * p.o_ss + h * p.o_sh;
+  }
+#pragma unroll
+  for (int c = 0; c < C; ++c)
+    if (lane * C + c < p.d) dst[lane * C + c] = T(acc[c] * inv);
+  if (lane == 0) p.lse[row] = L > 0.f ? M + logf(L) : -INFINITY;
+}
+
+template <typename T, int D, int NWG, bool SPLIT = false>
 fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   using S = FwdShape<D, NWG>;
   constexpr size_t smem = FwdSmem<D, NWG>::BYTES;
@@ -455,14 +518,14 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
       (st = make_map(&prm.tv, BF, a.v, a.d, a.nk, hk, a.batch, a.v_ss, a.v_sh, a.v_sb, pk,
                      S::BC)) != FA_OK)
     return st;
-  auto kernel = fwd_kernel<T, D, NWG>;
+  auto kernel = fwd_kernel<T, D, NWG, SPLIT>;
   static bool attr_done = false;
   if ((st = smem_limit_once(kernel, smem, attr_done)) != FA_OK) return st;
   prm.sched.nblk = (a.max_seqlen_q + S::BR - 1) / S::BR;
-  prm.sched.heads = a.heads_q;
+  prm.sched.heads = SPLIT ? a.heads_q * a.nsplit : a.heads_q;
   prm.sched.batch = a.batch;
   prm.sched.next = a.sched;
-  const int64_t blocks = (int64_t)prm.sched.nblk * a.heads_q * a.batch;
+  const int64_t blocks = (int64_t)prm.sched.nblk * prm.sched.heads * a.batch;
   const int ctas = persistent_ctas(blocks);
   if (blocks == 0) return FA_OK;
   if (ctas == 0)
@@ -471,6 +534,10 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   const cudaError_t e = cudaMemsetAsync(a.sched, 0, sizeof(int), stream);
   if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
   kernel<<<ctas, (S::NWG + 1) * 128, smem, stream>>>(prm);
+  if (!SPLIT) return launch_status();
+  const fa_status ks = launch_status();
+  if (ks != FA_OK) return ks;
+  fwd_combine_kernel<T, D><<<(unsigned)((a.part_rows + 7) / 8), 256, 0, stream>>>(a);
   return launch_status();
 }
 
@@ -513,6 +580,10 @@ template <typename T>
 fa_status sm90_forward(const FwdArgs &a, cudaStream_t s) {
   if (a.d > 192) return sm90::fwd_launch<T, 256, 2>(a, s);
   if (a.d > 128) return sm90::fwd_launch<T, 192, 2>(a, s);
+  /* decode shapes: keys split (FwdArgs::nsplit), D <= 128 */
+  if (a.nsplit > 1 && a.d <= 128)
+    return a.d > 64 ? sm90::fwd_launch<T, 128, 2, true>(a, s)
+                    : sm90::fwd_launch<T, 64, 2, true>(a, s);
   if (a.d > 64) return sm90::fwd_launch<T, 128, 2>(a, s);
   /* D = 64: 192-row blocks (three warpgroups) gain 4-19% per cell, except
    * under block masks (their 128-row blocks would be straddled) and where a

@@ -19,7 +19,7 @@
 
 namespace {
 
-size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
+using fa::round256;
 
 size_t rows_bytes(const fa_problem *pb) {
   return round256((size_t)pb->heads_q * (size_t)pb->total_q * sizeof(float));
@@ -78,7 +78,6 @@ fa_status fa_cuda_backward(const fa_problem *pb) {
     *st[i][2] = ts[i]->stride_head;
   }
   fa::fill_common_args(a, pb);
-  a.max_seqlen_k = (int)pb->max_seqlen_k;
   a.scale = pb->scale;
   if (pb->batch == 0 || pb->heads_q == 0) return FA_OK;
   cudaStream_t s = (cudaStream_t)pr->stream;

@@ -41,7 +41,6 @@ struct BwdArgs : AttnArgs {
   float *dq_acc; /* float32 dQ, row = lse index, DP columns; NULL when deterministic */
   int64_t o_sb, o_ss, o_sh, do_sb, do_ss, do_sh, dq_sb, dq_ss, dq_sh, dk_sb, dk_ss, dk_sh;
   int64_t dv_sb, dv_ss, dv_sh;
-  int max_seqlen_k; /* grid extent along keys */
   float scale;
 };
 

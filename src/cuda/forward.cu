@@ -66,17 +66,24 @@ using fa::rows_aligned;
  * device. H100, D=128, B=1, 32 heads: 2.0x at 16k-64k keys (docs/PERF.md). */
 static int fwd_splits(const fa_problem *pb) {
   if (!is_flash(pb) || pb->max_seqlen_q > 64 || pb->headdim > 128) return 1;
+  const int64_t sms = 132; /* an H100's */
   const int64_t pairs = pb->batch * pb->heads_q, by_keys = pb->max_seqlen_k / 1024;
-  if (pairs >= 132) return 1;
-  int64_t s = (264 + pairs - 1) / pairs;
+  if (pairs >= sms) return 1;
+  int64_t s = (2 * sms + pairs - 1) / pairs;
   s = s < by_keys ? s : by_keys;
   return (int)(s < 1 ? 1 : s > 32 ? 32 : s);
 }
 
-/* Workspace parts of a split forward: lse then O partials (kernel-D floats) */
+/* The forward's workspace: the Hopper kernel's block counter, then a split
+ * forward's lse partials and O partials (kernel-D floats per row). */
+constexpr size_t kFwdCounterBytes = 256;
+static size_t fwd_lse_part_bytes(const fa_problem *pb, int ns) {
+  return fa::round256((size_t)pb->heads_q * (size_t)pb->total_q * (size_t)ns * sizeof(float));
+}
 static size_t fwd_split_bytes(const fa_problem *pb, int ns) {
   const size_t rows = (size_t)pb->heads_q * (size_t)pb->total_q * (size_t)ns;
-  return ns > 1 ? ((rows * 4 + 255) & ~(size_t)255) + rows * (pb->headdim <= 64 ? 64 : 128) * 4 : 0;
+  const size_t dk = pb->headdim <= 64 ? 64 : 128;
+  return ns > 1 ? fwd_lse_part_bytes(pb, ns) + rows * dk * sizeof(float) : 0;
 }
 
 template <typename T>
@@ -94,11 +101,10 @@ fa_status flash_forward(const fa_problem *pb) {
   a.sched = (int *)pb->workspace;
   fa::fill_common_args(a, pb);
   a.nsplit = fwd_splits(pb);
-  a.split_tiles = (int)((pb->max_seqlen_k + 127) / 128 + a.nsplit - 1) / a.nsplit;
   a.part_rows = pb->heads_q * pb->total_q;
-  char *parts = (char *)pb->workspace + 256;
+  char *parts = (char *)pb->workspace + kFwdCounterBytes;
   a.part_lse = (float *)parts;
-  a.part_o = (float *)(parts + (((size_t)a.part_rows * a.nsplit * 4 + 255) & ~(size_t)255));
+  a.part_o = (float *)(parts + fwd_lse_part_bytes(pb, a.nsplit));
   cudaStream_t s = (cudaStream_t)pr->stream;
 #ifdef FA_HAVE_SM90A
   if (fa::sm90_device() && fa::sm90_forward_covers(a)) {
@@ -362,7 +368,7 @@ fa_status fa_cuda_check(const fa_problem *pb, fa_pass pass) {
 size_t fa_cuda_forward_workspace(const fa_problem *pb) {
   /* flash: the Hopper kernel's block counter (sm90/schedule.cuh), then a
    * split forward's partials */
-  return is_flash(pb) ? 256 + fwd_split_bytes(pb, fwd_splits(pb)) : std_workspace(pb);
+  return is_flash(pb) ? kFwdCounterBytes + fwd_split_bytes(pb, fwd_splits(pb)) : std_workspace(pb);
 }
 
 fa_status fa_cuda_forward(const fa_problem *pb) {

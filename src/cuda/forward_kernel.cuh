@@ -38,6 +38,7 @@ struct AttnArgs {
   int nq, nk; /* per-sequence lengths when not varlen */
   int batch, heads_q, group, d;
   int max_seqlen_q;     /* grid size along queries */
+  int max_seqlen_k;     /* ... and along keys */
   int64_t total_q;      /* lse head stride for varlen */
   float scale_log2;     /* softmax scale * log2(e) */
   float cap_log2;       /* softcap * log2(e) */
@@ -67,10 +68,11 @@ struct FwdArgs : AttnArgs {
   int64_t o_sb, o_ss, o_sh;
   int *sched; /* the Hopper kernel's block counter: a word of the workspace */
   /* Split keys (the Hopper kernel, decode shapes: forward.cu's fwd_splits):
-   * nsplit > 1 cuts each row's key tiles into ranges of split_tiles; range s
-   * leaves its normalised O (part_o, kernel-D floats per row) and lse
-   * (part_lse) at row s * part_rows + the row's lse index, and a second
-   * kernel combines them. nsplit = 1: no split. */
+   * nsplit > 1 cuts each row's key tiles into ranges of split_tiles (set by
+   * the launch, which knows the tile); range s leaves its normalised O
+   * (part_o, kernel-D floats per row) and lse (part_lse) at row s * part_rows
+   * + the row's lse index, and a second kernel combines them. nsplit = 1: no
+   * split. */
   int nsplit, split_tiles;
   int64_t part_rows;
   float *part_o, *part_lse;

@@ -27,6 +27,9 @@ inline int padded_headdim(int64_t d) {
 
 inline bool is_flash(const fa_problem *pb) { return pb->params->algorithm != FA_ALGO_STANDARD; }
 
+/* Workspace parts start on 256-byte boundaries. */
+inline size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
+
 /* The fields FwdArgs and BwdArgs share: inputs, sizes, score transform, masks, varlen. */
 inline void fill_common_args(AttnArgs &a, const fa_problem *pb) {
   const fa_params *pr = pb->params;
@@ -43,6 +46,7 @@ inline void fill_common_args(AttnArgs &a, const fa_problem *pb) {
   a.group = (int)pb->group;
   a.d = (int)pb->headdim;
   a.max_seqlen_q = (int)pb->max_seqlen_q;
+  a.max_seqlen_k = (int)pb->max_seqlen_k;
   a.total_q = pb->total_q;
   const float log2e = FA_LOG2E;
   a.scale_log2 = pb->scale * log2e;

@@ -582,6 +582,12 @@ out:
   free(lse_ref), free(lse_lp), free(lse_dev);
 }
 
+/* A varlen case's per-sequence query and key lengths (c->nseq of each). */
+static void seq_lens(tcase *c, const int *lq, const int *lk) {
+  memcpy(c->lq, lq, sizeof(int) * (size_t)c->nseq);
+  memcpy(c->lk, lk, sizeof(int) * (size_t)c->nseq);
+}
+
 /* A case with defaults filled in: dtype, head dim, B, H, nq, nk. */
 static tcase base(const char *name, fa_dtype dt, int D, int B, int H, int nq, int nk) {
   tcase c;
@@ -622,8 +628,7 @@ static void ext_cases(fa_dtype dt, int D, int many) {
            0);
   c.nseq = 4, c.causal = 1, c.bq = 32, c.bk = 16, c.bdens = 60, c.dropout = 0.25f;
   int lq[4] = {17, 0, 300, 129}, lk[4] = {40, 9, 300, 1};
-  memcpy(c.lq, lq, sizeof lq);
-  memcpy(c.lk, lk, sizeof lk);
+  seq_lens(&c, lq, lk);
   run_case(&c);
   c = base(nm("%s D=%d %s", "block mask broadcast over heads + window 200,50 + alibi", D, dt), dt,
            D, 2, 3, 500, 600);
@@ -643,8 +648,7 @@ static void ext_cases(fa_dtype dt, int D, int many) {
            0);
   c.nseq = 3, c.bq = 128, c.bk = 384, c.bdens = 70, c.window = 1, c.wl = 300, c.wr = 0;
   int lq3[3] = {500, 0, 777}, lk3[3] = {640, 9, 1000};
-  memcpy(c.lq, lq3, sizeof lq3);
-  memcpy(c.lk, lk3, sizeof lk3);
+  seq_lens(&c, lq3, lk3);
   run_case(&c);
   c = base(nm("%s D=%d %s", "block mask 128x128 all hidden (O=0, lse=-inf)", D, dt), dt, D, 1, 2,
            300, 200);
@@ -776,8 +780,7 @@ static void full_suite(void) {
                0);
       c.nseq = 5;
       int lq[5] = {17, 0, 129, 1, 300}, lk[5] = {17, 40, 129, 1000, 0};
-      memcpy(c.lq, lq, sizeof lq);
-      memcpy(c.lk, lk, sizeof lk);
+      seq_lens(&c, lq, lk);
       c.causal = 1;
       run_case(&c);
       /* a NaN sequence between sequences whose tiles straddle it: the first
@@ -787,8 +790,7 @@ static void full_suite(void) {
                0, 0);
       c.nseq = 3, c.nanseq = 2, c.causal = D % 64 == 0;
       int nq3[3] = {70, 150, 93}, nk3[3] = {130, 77, 190};
-      memcpy(c.lq, nq3, sizeof nq3);
-      memcpy(c.lk, nk3, sizeof nk3);
+      seq_lens(&c, nq3, nk3);
       run_case(&c);
       ext_cases(dt, D, D == 64 || D == 128 || (D == 256 && dt == FA_DTYPE_BF16));
     }
@@ -821,8 +823,7 @@ static void full_suite(void) {
                  dt, D, 1, 2, 0, 0);
         c.nseq = 4, c.causal = 1;
         int lq4[4] = {1, 3, 0, 2}, lk4[4] = {3000, 1500, 800, 4100};
-        memcpy(c.lq, lq4, sizeof lq4);
-        memcpy(c.lk, lk4, sizeof lk4);
+        seq_lens(&c, lq4, lk4);
         run_case(&c);
       }
       if (D == 64) { /* bands of 4096+ keys: the Hopper forward's 192-row blocks */
@@ -836,8 +837,7 @@ static void full_suite(void) {
         c = base(nm("%s D=%d %s", "varlen causal 4100,50 / 4100,60", D, dt), dt, D, 1, 2, 0, 0);
         c.nseq = 2, c.causal = 1;
         int lq2[2] = {4100, 50}, lk2[2] = {4100, 60};
-        memcpy(c.lq, lq2, sizeof lq2);
-        memcpy(c.lk, lk2, sizeof lk2);
+        seq_lens(&c, lq2, lk2);
         run_case(&c);
       }
       c = base(nm("%s D=%d %s", "softcap 1.5 scale 0.5", D, dt), dt, D, 2, 2, 129, 200);
@@ -887,8 +887,7 @@ static void full_suite(void) {
       c = base(nm("%s D=%d %s", "standard varlen window", 72, dt), dt, 72, 1, 2, 0, 0);
       c.algo = FA_ALGO_STANDARD, c.nseq = 4, c.window = 1, c.wl = 20, c.wr = 5;
       int lq[4] = {17, 0, 129, 5}, lk[4] = {30, 9, 129, 0};
-      memcpy(c.lq, lq, sizeof lq);
-      memcpy(c.lk, lk, sizeof lk);
+      seq_lens(&c, lq, lk);
       run_case(&c);
       c = base(nm("%s D=%d %s", "standard odd head dim (unaligned rows)", 33, dt), dt, 33, 2, 3, 65,
                65);
@@ -933,8 +932,7 @@ static void full_suite(void) {
       c.nseq = 4, c.window = 1, c.wl = 100, c.wr = 7;
       {
         const int pq[4] = {300, 5, 0, 129}, pk[4] = {280, 17, 9, 129};
-        memcpy(c.lq, pq, sizeof pq);
-        memcpy(c.lk, pk, sizeof pk);
+        seq_lens(&c, pq, pk);
       }
       run_case(&c);
     }

@@ -403,41 +403,29 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 
     float *lse_row = p.lse + k.sv.lse0 + k.h * k.sv.lse_hs + k.r0;
     T *o_blk = (T *)p.o + k.sv.qb * p.o_sb + (k.sv.q0 + k.r0) * p.o_ss + k.h * p.o_sh;
-    if (SPLIT) { /* this split's normalised O and lse, float32, for the combine */
-      const int64_t row0 = k.sp * p.part_rows + k.sv.lse0 + k.h * k.sv.lse_hs + k.r0;
+    if (SPLIT || !S::STAGE_O) {
+      /* normalise, write from registers: SPLIT, this split's O and lse
+       * (float32) for the combine; else O and lse themselves */
+      const int64_t prow0 = k.sp * p.part_rows + k.sv.lse0 + k.h * k.sv.lse_hs + k.r0;
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         float lse;
         const float inv = online_finish(m_run[rr] * mul, l_run[rr], &lse);
         const int lr = wrow + g + 8 * rr;
-        if (lr < k.rows) {
-          if (t == 0) p.part_lse[row0 + lr] = lse;
-          float *po = p.part_o + (row0 + lr) * D;
+        if (lr >= k.rows) continue;
+        if (t == 0) (SPLIT ? p.part_lse + prow0 : lse_row)[lr] = lse;
 #pragma unroll
-          for (int jj = 0; jj < D / 8; ++jj)
-            *reinterpret_cast<float2 *>(po + jj * 8 + 2 * t) =
-                make_float2(o[jj][2 * rr] * inv, o[jj][2 * rr + 1] * inv);
-        }
-      }
-      continue;
-    }
-    if (!S::STAGE_O) { /* normalise, write lse and O from registers */
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        float lse;
-        const float inv = online_finish(m_run[rr] * mul, l_run[rr], &lse);
-        const int lr = wrow + g + 8 * rr;
-        if (lr < k.rows) {
-          if (t == 0) lse_row[lr] = lse;
-#pragma unroll
-          for (int jj = 0; jj < D / 8; ++jj) {
-            const int col = jj * 8 + 2 * t; /* a pair, or the last column of an odd d */
+        for (int jj = 0; jj < D / 8; ++jj) {
+          const float x = o[jj][2 * rr] * inv, y = o[jj][2 * rr + 1] * inv;
+          const int col = jj * 8 + 2 * t;
+          if (SPLIT) {
+            *reinterpret_cast<float2 *>(p.part_o + (prow0 + lr) * D + col) = make_float2(x, y);
+          } else { /* a pair, or the last column of an odd d */
             T *dst = o_blk + lr * p.o_ss + col;
             if (col + 2 <= p.d)
-              *reinterpret_cast<uint32_t *>(dst) =
-                  pack2<T>(o[jj][2 * rr] * inv, o[jj][2 * rr + 1] * inv);
+              *reinterpret_cast<uint32_t *>(dst) = pack2<T>(x, y);
             else if (col < p.d)
-              *dst = T(o[jj][2 * rr] * inv);
+              *dst = T(x);
           }
         }
       }
@@ -523,6 +511,8 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   if ((st = smem_limit_once(kernel, smem, attr_done)) != FA_OK) return st;
   prm.sched.nblk = (a.max_seqlen_q + S::BR - 1) / S::BR;
   prm.sched.heads = SPLIT ? a.heads_q * a.nsplit : a.heads_q;
+  /* a split's key tiles: the splits cover every tile of the longest row */
+  prm.a.split_tiles = ((a.max_seqlen_k + S::BC - 1) / S::BC + a.nsplit - 1) / a.nsplit;
   prm.sched.batch = a.batch;
   prm.sched.next = a.sched;
   const int64_t blocks = (int64_t)prm.sched.nblk * prm.sched.heads * a.batch;

@@ -64,10 +64,27 @@ using fa::rows_aligned;
  * kernel at head dims up to 128 takes them (the sm_80 kernel ignores them);
  * chosen from the problem alone, so the workspace size is the same on every
  * device. H100, D=128, B=1, 32 heads: 2.0x at 16k-64k keys (docs/PERF.md). */
+/* GQA packing (FwdArgs::pack): the whole group of query heads per block
+ * where one head's query rows would leave a 128-row block part empty, so the
+ * group's K/V tiles are read once instead of once per head (decode: the K/V
+ * stream is the whole cost). The Hopper kernel's decode variant (head dims
+ * up to 128) takes it; not under block masks (given per head). */
+static int fwd_pack(const fa_problem *pb) {
+  const fa_params *pr = pb->params;
+  const int64_t g = pb->group;
+  const bool on = g > 1 && g <= 128 && pb->max_seqlen_q < 128 && pb->headdim <= 128;
+  return on && !pr->block_mask ? (int)g : 1;
+}
+
 static int fwd_splits(const fa_problem *pb) {
   if (!is_flash(pb) || pb->max_seqlen_q > 64 || pb->headdim > 128) return 1;
   const int64_t sms = 132; /* an H100's */
-  const int64_t pairs = pb->batch * pb->heads_q, by_keys = pb->max_seqlen_k / 1024;
+  /* blocks without a split: (sequence, K/V head) pairs when packed, each of
+   * ceil(max_seqlen_q / rows per head) blocks */
+  const int64_t pk = fwd_pack(pb), rq = 128 / pk;
+  const int64_t per = pb->max_seqlen_q > rq ? (pb->max_seqlen_q + rq - 1) / rq : 1;
+  const int64_t pairs = pb->batch * (pb->heads_q / pk) * per;
+  const int64_t by_keys = pb->max_seqlen_k / 1024;
   if (pairs >= sms) return 1;
   int64_t s = (2 * sms + pairs - 1) / pairs;
   s = s < by_keys ? s : by_keys;
@@ -101,6 +118,7 @@ fa_status flash_forward(const fa_problem *pb) {
   a.sched = (int *)pb->workspace;
   fa::fill_common_args(a, pb);
   a.nsplit = fwd_splits(pb);
+  a.pack = fwd_pack(pb);
   a.part_rows = pb->heads_q * pb->total_q;
   char *parts = (char *)pb->workspace + kFwdCounterBytes;
   a.part_lse = (float *)parts;

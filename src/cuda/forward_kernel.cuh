@@ -76,6 +76,11 @@ struct FwdArgs : AttnArgs {
   int nsplit, split_tiles;
   int64_t part_rows;
   float *part_o, *part_lse;
+  /* GQA packing (the Hopper kernel; forward.cu's fwd_pack): pack > 1 query
+   * heads of one K/V head share a block, pack_rows query rows of each (set by
+   * the launch), so their K/V tiles are read once; block row r is query row
+   * r % pack_rows of head r / pack_rows. pack = 1: a block is one head's. */
+  int pack, pack_rows;
 };
 
 /* Tile shapes per (padded) head dim: MT m-tiles of 16 rows per warp, NW warps,

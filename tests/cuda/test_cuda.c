@@ -417,7 +417,7 @@ static void run_case(const tcase *c) {
   poison_seq(c, &k, c->lk, kh, kd);
   poison_seq(c, &v, c->lk, vh, vd);
   const int nslopes = (varlen ? c->nseq : B) * c->Hq;
-  float slopes[8 * 64];
+  float *slopes = malloc(sizeof(float) * (size_t)(nslopes ? nslopes : 1));
   for (int i = 0; i < nslopes; i++)
     slopes[i] = (float)pow(2.0, -8.0 * (i % c->Hq + 1) / c->Hq) * (1 + 0.1f * (i / c->Hq));
 
@@ -576,7 +576,7 @@ static void run_case(const tcase *c) {
     cudaFree(sdv), cudaFree(cqd), cudaFree(ckd), cudaFree(bmd);
   }
 out:
-  free(bmh);
+  free(bmh), free(slopes);
   free(qh), free(kh), free(vh), free(oh), free(olp);
   free(qd), free(kd), free(vd), free(od);
   free(lse_ref), free(lse_lp), free(lse_dev);
@@ -825,6 +825,34 @@ static void full_suite(void) {
         int lq4[4] = {1, 3, 0, 2}, lk4[4] = {3000, 1500, 800, 4100};
         seq_lens(&c, lq4, lk4);
         run_case(&c);
+        /* GQA with few query rows: a block takes a K/V head's whole group of
+         * query heads (rows head-major), with or without a key split */
+        c = base(nm("%s D=%d %s", "decode GQA 32:8 nq=1 nk=5000", D, dt), dt, D, 1, 32, 1, 5000);
+        c.Hk = 8;
+        run_case(&c);
+        c = base(nm("%s D=%d %s", "packed GQA 7:1 causal nq=5 nk=1000", D, dt), dt, D, 2, 7, 5,
+                 1000);
+        c.Hk = 1, c.causal = 1;
+        run_case(&c);
+        c = base(nm("%s D=%d %s", "packed GQA 6:2 causal nq=100 nk=300", D, dt), dt, D, 1, 6, 100,
+                 300);
+        c.Hk = 2, c.causal = 1;
+        run_case(&c);
+        c = base(nm("%s D=%d %s", "packed GQA 16:1 window 700,3 nq=40 nk=3000", D, dt), dt, D, 1,
+                 16, 40, 3000);
+        c.Hk = 1, c.window = 1, c.wl = 700, c.wr = 3;
+        run_case(&c);
+        c = base(nm("%s D=%d %s", "packed GQA 40:8 B=40 nq=1 nk=700", D, dt), dt, D, 40, 40, 1,
+                 700);
+        c.Hk = 8;
+        run_case(&c);
+        c = base(
+            nm("%s D=%d %s", "packed GQA 8:2 varlen 1,4,0,2 / 3000,1500,800,4100 causal", D, dt),
+            dt, D, 1, 8, 0, 0);
+        c.Hk = 2, c.nseq = 4, c.causal = 1;
+        int lq5[4] = {1, 4, 0, 2}, lk5[4] = {3000, 1500, 800, 4100};
+        seq_lens(&c, lq5, lk5);
+        run_case(&c);
       }
       if (D == 64) { /* bands of 4096+ keys: the Hopper forward's 192-row blocks */
         c = base(nm("%s D=%d %s", "causal nq=300 nk=4200", D, dt), dt, D, 1, 2, 300, 4200);
@@ -946,6 +974,9 @@ static void small_suite(void) {
   c.causal = 1;
   run_case(&c);
   c = base("small decode split nq=1 nk=2600 D=128 bf16", FA_DTYPE_BF16, 128, 1, 1, 1, 2600);
+  run_case(&c);
+  c = base("small packed GQA 6:2 causal nq=3 nk=2600 D=64 f16", FA_DTYPE_F16, 64, 1, 6, 3, 2600);
+  c.Hk = 2, c.causal = 1;
   run_case(&c);
   c = base("small causal nq=200 nk=4200 D=64 bf16", FA_DTYPE_BF16, 64, 1, 1, 200, 4200);
   c.causal = 1;

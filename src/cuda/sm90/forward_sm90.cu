@@ -118,7 +118,11 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BC / 8][4], float (&o)[D
   }
 }
 
-template <typename T, int D, int NWG, bool SPLIT>
+/* DECODE: the decode shapes' kernel (sm90_forward), with the query heads of
+ * a K/V head packed into one block (FwdArgs::pack) and the keys split
+ * (FwdArgs::nsplit), both at run time (the other kernels' registers have no
+ * room for the row arithmetic: they spill). */
+template <typename T, int D, int NWG, bool DECODE>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     fwd_kernel(const __grid_constant__ FwdParams P) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -126,6 +130,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   using L = FwdSmem<D, NWG>;
   constexpr int BR = S::BR, BC = S::BC, ST = S::ST, NC = S::NWG * 128; /* consumer threads */
   const FwdArgs &p = P.a;
+  const int pack = DECODE ? p.pack : 1, rq = DECODE ? p.pack_rows : BR; /* rows per head */
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t sQ = (smem_addr(smem_raw) + 1023) & ~1023u;
   const uint32_t q_full = sQ + L::BARS, q_empty = q_full + 8;
@@ -156,7 +161,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   volatile int *slot =
       reinterpret_cast<volatile int *>(smem_raw + (sQ + L::SLOTS - smem_addr(smem_raw)));
   struct Block {
-    int b, h, sp, r0, rows; /* sp: the key split (SPLIT) */
+    int b, h, sp, r0, rows; /* h: the first query head (of pack); sp: the key split */
     SeqView sv;
     fa_mask mk;
     KeyTiles kt;
@@ -166,18 +171,19 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     int x;
     P.sched.decode(t, x, k.h, k.b);
     k.sp = 0;
-    if (SPLIT) { /* the schedule's heads are (head, split) pairs */
+    if (DECODE) { /* the schedule's heads are (head, split) pairs */
       k.sp = k.h % p.nsplit;
       k.h /= p.nsplit;
     }
+    k.h *= pack;
     k.sv = seq_view(p, k.b);
-    k.r0 = (P.sched.nblk - 1 - x) * BR;
+    k.r0 = (P.sched.nblk - 1 - x) * rq; /* query rows r0.. of each head */
     if (k.r0 >= k.sv.nq) return false;
-    k.rows = min(BR, k.sv.nq - k.r0);
+    k.rows = min(rq, k.sv.nq - k.r0);
     k.mk =
         fa_mask_make(k.sv.nq, k.sv.nk, p.causal, p.window_enabled, p.window_left, p.window_right);
     k.kt = key_tiles<BC>(k.mk, k.r0, k.rows);
-    if (SPLIT) { /* this split's tiles only (none: an empty walk, lse -inf) */
+    if (DECODE) { /* this split's tiles only (none: an empty walk, lse -inf) */
       k.kt.n_begin = max(k.kt.n_begin, k.sp * p.split_tiles);
       k.kt.n_end = max(k.kt.n_begin, min(k.kt.n_end, (k.sp + 1) * p.split_tiles));
     }
@@ -211,7 +217,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
           mbar_wait(q_empty, (j & 1) ^ 1);
           slot[j & 1] = more ? t : -1;
           if (more) {
-            mbar_expect_tx(q_full, L::QBYTES);
+            mbar_expect_tx(q_full, (uint32_t)(rq * pack) * D * 2); /* QBYTES unpacked */
             const MapSeq mq = map_seq(p.cu_q != nullptr, k.b, p.nq, k.sv.q0, k.sv.nq);
             tma_load_tile<BR, D>(sQ, &P.tq, q_full, mq.row + k.r0, k.h, mq.batch);
           } else {
@@ -322,7 +328,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
           int64_t lo, hi;
-          fa_mask_row_range(&k.mk, k.r0 + wrow + g + 8 * rr, &lo, &hi);
+          fa_mask_row_range(&k.mk, k.r0 + (wrow + g + 8 * rr) % rq, &lo, &hi);
 #pragma unroll
           for (int jj = 0; jj < BC / 8; ++jj)
 #pragma unroll
@@ -403,25 +409,28 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 
     float *lse_row = p.lse + k.sv.lse0 + k.h * k.sv.lse_hs + k.r0;
     T *o_blk = (T *)p.o + k.sv.qb * p.o_sb + (k.sv.q0 + k.r0) * p.o_ss + k.h * p.o_sh;
-    if (SPLIT || !S::STAGE_O) {
-      /* normalise, write from registers: SPLIT, this split's O and lse
-       * (float32) for the combine; else O and lse themselves */
-      const int64_t prow0 = k.sp * p.part_rows + k.sv.lse0 + k.h * k.sv.lse_hs + k.r0;
+    if (DECODE || !S::STAGE_O) {
+      /* normalise, write from registers: with a split, this split's O and
+       * lse (float32) for the combine; else O and lse themselves (rows of
+       * several heads when packed) */
+      const bool part = DECODE && p.nsplit > 1;
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         float lse;
         const float inv = online_finish(m_run[rr] * mul, l_run[rr], &lse);
-        const int lr = wrow + g + 8 * rr;
-        if (lr >= k.rows) continue;
-        if (t == 0) (SPLIT ? p.part_lse + prow0 : lse_row)[lr] = lse;
+        const int lr = wrow + g + 8 * rr, hi = DECODE ? lr / rq : 0, qi = lr - hi * rq;
+        if (hi >= pack || qi >= k.rows) continue;
+        const int64_t li = hi * k.sv.lse_hs + qi; /* from lse_row */
+        const int64_t prow = k.sp * p.part_rows + k.sv.lse0 + k.h * k.sv.lse_hs + k.r0 + li;
+        if (t == 0) *(part ? p.part_lse + prow : lse_row + li) = lse;
 #pragma unroll
         for (int jj = 0; jj < D / 8; ++jj) {
           const float x = o[jj][2 * rr] * inv, y = o[jj][2 * rr + 1] * inv;
           const int col = jj * 8 + 2 * t;
-          if (SPLIT) {
-            *reinterpret_cast<float2 *>(p.part_o + (prow0 + lr) * D + col) = make_float2(x, y);
+          if (part) {
+            *reinterpret_cast<float2 *>(p.part_o + prow * D + col) = make_float2(x, y);
           } else { /* a pair, or the last column of an odd d */
-            T *dst = o_blk + lr * p.o_ss + col;
+            T *dst = o_blk + hi * p.o_sh + qi * p.o_ss + col;
             if (col + 2 <= p.d)
               *reinterpret_cast<uint32_t *>(dst) = pack2<T>(x, y);
             else if (col < p.d)
@@ -487,7 +496,7 @@ __global__ void __launch_bounds__(256) fwd_combine_kernel(const FwdArgs p) {
   if (lane == 0) p.lse[row] = L > 0.f ? M + logf(L) : -INFINITY;
 }
 
-template <typename T, int D, int NWG, bool SPLIT = false>
+template <typename T, int D, int NWG, bool DECODE = false>
 fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   using S = FwdShape<D, NWG>;
   constexpr size_t smem = FwdSmem<D, NWG>::BYTES;
@@ -498,19 +507,23 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   /* varlen: packed maps of total rows (a.nq, a.nk are the tensors' seqlens) */
   const bool pk = a.cu_q != nullptr;
   const int64_t hk = a.heads_q / a.group;
+  /* packed GQA: Q boxes of rq rows x pack heads (a decode block: pack rows) */
+  const int pack = DECODE ? a.pack : 1;
+  const int rq = pack > 1 ? std::min(S::BR / pack, std::max(a.max_seqlen_q, 1)) : S::BR;
+  prm.a.pack_rows = rq;
   fa_status st;
   if ((st = make_map(&prm.tq, BF, a.q, a.d, a.nq, a.heads_q, a.batch, a.q_ss, a.q_sh, a.q_sb, pk,
-                     S::BR)) != FA_OK ||
+                     rq, pack)) != FA_OK ||
       (st = make_map(&prm.tk, BF, a.k, a.d, a.nk, hk, a.batch, a.k_ss, a.k_sh, a.k_sb, pk,
                      S::BC)) != FA_OK ||
       (st = make_map(&prm.tv, BF, a.v, a.d, a.nk, hk, a.batch, a.v_ss, a.v_sh, a.v_sb, pk,
                      S::BC)) != FA_OK)
     return st;
-  auto kernel = fwd_kernel<T, D, NWG, SPLIT>;
+  auto kernel = fwd_kernel<T, D, NWG, DECODE>;
   static bool attr_done = false;
   if ((st = smem_limit_once(kernel, smem, attr_done)) != FA_OK) return st;
-  prm.sched.nblk = (a.max_seqlen_q + S::BR - 1) / S::BR;
-  prm.sched.heads = SPLIT ? a.heads_q * a.nsplit : a.heads_q;
+  prm.sched.nblk = (a.max_seqlen_q + rq - 1) / rq;
+  prm.sched.heads = a.heads_q / pack * (DECODE ? a.nsplit : 1);
   /* a split's key tiles: the splits cover every tile of the longest row */
   prm.a.split_tiles = ((a.max_seqlen_k + S::BC - 1) / S::BC + a.nsplit - 1) / a.nsplit;
   prm.sched.batch = a.batch;
@@ -524,7 +537,7 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   const cudaError_t e = cudaMemsetAsync(a.sched, 0, sizeof(int), stream);
   if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
   kernel<<<ctas, (S::NWG + 1) * 128, smem, stream>>>(prm);
-  if (!SPLIT) return launch_status();
+  if (!DECODE || a.nsplit == 1) return launch_status();
   const fa_status ks = launch_status();
   if (ks != FA_OK) return ks;
   fwd_combine_kernel<T, D><<<(unsigned)((a.part_rows + 7) / 8), 256, 0, stream>>>(a);
@@ -570,8 +583,9 @@ template <typename T>
 fa_status sm90_forward(const FwdArgs &a, cudaStream_t s) {
   if (a.d > 192) return sm90::fwd_launch<T, 256, 2>(a, s);
   if (a.d > 128) return sm90::fwd_launch<T, 192, 2>(a, s);
-  /* decode shapes: keys split (FwdArgs::nsplit), D <= 128 */
-  if (a.nsplit > 1 && a.d <= 128)
+  /* decode shapes, D <= 128: keys split (FwdArgs::nsplit), GQA heads packed
+   * (FwdArgs::pack) */
+  if ((a.nsplit > 1 || a.pack > 1) && a.d <= 128)
     return a.d > 64 ? sm90::fwd_launch<T, 128, 2, true>(a, s)
                     : sm90::fwd_launch<T, 64, 2, true>(a, s);
   if (a.d > 64) return sm90::fwd_launch<T, 128, 2>(a, s);

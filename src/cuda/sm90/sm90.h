@@ -36,15 +36,16 @@ fa_status sm90_backward(const BwdArgs &a, cudaStream_t s);
 
 namespace sm90 {
 /* Tensor map of a (batch, seqlen, heads, d) 16-bit tensor with element strides
- * sb, ss, sh: boxes of 64 columns x box_rows rows, 128-byte swizzle (the SW128
- * tile layout of wgmma.cuh), zeros outside the tensor. packed: a varlen
+ * sb, ss, sh: boxes of 64 columns x box_rows rows (x box_heads heads, stacked
+ * head after head), 128-byte swizzle (the SW128 tile layout of wgmma.cuh),
+ * zeros outside the tensor. packed: a varlen
  * tensor of seqlen packed rows (batch unused), mapped so that each sequence
  * ends where the map does (map_seq in wgmma.cuh gives its coordinates).
  * FA_ERR_UNSUPPORTED when the driver refuses the layout: the launches then
  * take the sm_80 kernels. */
 fa_status make_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t seqlen,
                    int64_t heads, int64_t batch, int64_t ss, int64_t sh, int64_t sb, bool packed,
-                   int box_rows);
+                   int box_rows, int box_heads = 1);
 /* The same map of a packed (batch, heads, seqlen, d) float32 tensor (the dQ
  * accumulator; varlen: (heads, total rows, d)), boxes of 32 columns x
  * box_rows rows: rows past a sequence's end are outside it, so reductions

@@ -29,7 +29,8 @@ static EncodeFn encode_fn() {
 /* The (d, seqlen, heads, batch) map both makers share, with the Hopper
  * kernels' fixed choices (128-byte swizzle, 256-byte L2 promotion, zeros
  * outside the tensor): esize-byte elements at element strides ss, sh, sb,
- * boxes of box_cols x box_rows. Dimensions of extent 1 get a packed stride
+ * boxes of box_cols x box_rows x box_heads (land head-major: row r of the
+ * tile is row r % box_rows of head r / box_rows). Dimensions of extent 1 get a packed stride
  * (theirs is arbitrary). packed (varlen, seqlen = the total rows): the
  * batch dimension (extent total + 1) is a row
  * stride too and the base moves back total rows, so coordinate (row, end)
@@ -39,7 +40,7 @@ static EncodeFn encode_fn() {
  * fixed-length batch's do (NaN or inf in a neighbour never reaches it). */
 static fa_status map_4d(CUtensorMap *m, CUtensorMapDataType type, int64_t esize, const void *base,
                         int d, int64_t seqlen, int64_t heads, int64_t batch, int64_t ss, int64_t sh,
-                        int64_t sb, bool packed, int box_cols, int box_rows) {
+                        int64_t sb, bool packed, int box_cols, int box_rows, int box_heads) {
   const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)seqlen, (cuuint64_t)heads,
                               (cuuint64_t)(packed ? seqlen + 1 : batch)};
   int64_t st[4] = {1, ss, sh, sb};
@@ -48,7 +49,7 @@ static fa_status map_4d(CUtensorMap *m, CUtensorMapDataType type, int64_t esize,
   if (packed) st[3] = st[1];
   const cuuint64_t strides[3] = {(cuuint64_t)(st[1] * esize), (cuuint64_t)(st[2] * esize),
                                  (cuuint64_t)(st[3] * esize)};
-  const cuuint32_t box[4] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows, 1, 1};
+  const cuuint32_t box[4] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows, (cuuint32_t)box_heads, 1};
   /* the moved base is never read: only coordinates inside the map are */
   const char *b0 = (const char *)base - (packed ? seqlen * st[1] * esize : 0);
   EncodeFn fn = encode_fn();
@@ -65,15 +66,15 @@ static fa_status map_4d(CUtensorMap *m, CUtensorMapDataType type, int64_t esize,
 
 fa_status make_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t seqlen,
                    int64_t heads, int64_t batch, int64_t ss, int64_t sh, int64_t sb, bool packed,
-                   int box_rows) {
+                   int box_rows, int box_heads) {
   return map_4d(m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-                base, d, seqlen, heads, batch, ss, sh, sb, packed, 64, box_rows);
+                base, d, seqlen, heads, batch, ss, sh, sb, packed, 64, box_rows, box_heads);
 }
 
 fa_status make_map_f32(CUtensorMap *m, const float *base, int d, int64_t seqlen, int64_t heads,
                        int64_t batch, bool packed, int box_rows) {
   return map_4d(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, base, d, seqlen, heads, batch, d, seqlen * d,
-                heads * seqlen * d, packed, 32, box_rows);
+                heads * seqlen * d, packed, 32, box_rows, 1);
 }
 
 int persistent_ctas(int64_t blocks) {

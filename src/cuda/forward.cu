@@ -58,12 +58,6 @@ using fa::rows_aligned;
 
 /* ---- FlashAttention-2 ------------------------------------------------------ */
 
-/* Key splits for decode shapes (a row block or less per sequence and head,
- * fewer (sequence, head) pairs than an H100 has SMs): enough splits for about
- * two waves of 132 SMs, each of at least 1024 keys, at most 32. The Hopper
- * kernel at head dims up to 128 takes them (the sm_80 kernel ignores them);
- * chosen from the problem alone, so the workspace size is the same on every
- * device. H100, D=128, B=1, 32 heads: 2.0x at 16k-64k keys (docs/PERF.md). */
 /* GQA packing (FwdArgs::pack): the whole group of query heads per block
  * where one head's query rows would leave a 128-row block part empty, so the
  * group's K/V tiles are read once instead of once per head (decode: the K/V
@@ -76,6 +70,19 @@ static int fwd_pack(const fa_problem *pb) {
   return on && !pr->block_mask ? (int)g : 1;
 }
 
+/* Key splits for decode shapes (a row block or less per sequence and head,
+ * fewer blocks than an H100 has SMs), at least FA_SPLIT_KEYS keys each, at most 32:
+ * the fewest whose blocks fill the waves of 132 SMs within FA_SPLIT_EFF
+ * percent of the best count's (the persistent CTAs take blocks in rounds, so
+ * a last round of a few blocks costs a whole one). The Hopper kernel at head
+ * dims up to 128 takes them (the sm_80 kernel ignores them); chosen from the
+ * problem alone, so the workspace size is the same on every device. */
+#ifndef FA_SPLIT_EFF
+#define FA_SPLIT_EFF 95
+#endif
+#ifndef FA_SPLIT_KEYS
+#define FA_SPLIT_KEYS 256
+#endif
 static int fwd_splits(const fa_problem *pb) {
   if (!is_flash(pb) || pb->max_seqlen_q > 64 || pb->headdim > 128) return 1;
   const int64_t sms = 132; /* an H100's */
@@ -83,12 +90,19 @@ static int fwd_splits(const fa_problem *pb) {
    * ceil(max_seqlen_q / rows per head) blocks */
   const int64_t pk = fwd_pack(pb), rq = 128 / pk;
   const int64_t per = pb->max_seqlen_q > rq ? (pb->max_seqlen_q + rq - 1) / rq : 1;
-  const int64_t pairs = pb->batch * (pb->heads_q / pk) * per;
-  const int64_t by_keys = pb->max_seqlen_k / 1024;
-  if (pairs >= sms) return 1;
-  int64_t s = (2 * sms + pairs - 1) / pairs;
-  s = s < by_keys ? s : by_keys;
-  return (int)(s < 1 ? 1 : s > 32 ? 32 : s);
+  const int64_t blocks = pb->batch * (pb->heads_q / pk) * per;
+  const int64_t by_keys = pb->max_seqlen_k / FA_SPLIT_KEYS, most = by_keys < 32 ? by_keys : 32;
+  if (blocks >= sms || most < 2) return 1;
+  /* wave efficiency of s splits: blocks per SM over the rounds they take */
+  auto eff = [&](int64_t s) {
+    const int64_t n = blocks * s;
+    return (double)n / (double)(((n + sms - 1) / sms) * sms);
+  };
+  double best = 0;
+  for (int64_t s = 1; s <= most; s++) best = eff(s) > best ? eff(s) : best;
+  for (int64_t s = 1; s <= most; s++)
+    if (eff(s) * 100 >= FA_SPLIT_EFF * best) return (int)s;
+  return 1;
 }
 
 /* The forward's workspace: the Hopper kernel's block counter, then a split

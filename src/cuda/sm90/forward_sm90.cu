@@ -140,6 +140,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   auto v_empty = [&](int st) { return q_full + 8 * (2 + 3 * ST + st); };
 
   const int tid = threadIdx.x;
+  /* a split's combine kernel (launched as a programmatic dependent) may take
+   * the SMs this grid's CTAs free; it waits for the whole grid's writes */
+  if (DECODE) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   if (tid == 0) {
     mbar_init(q_full, 1);
     mbar_init(q_empty, NC); /* every consumer thread: each read its slot */
@@ -464,6 +467,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
  * M the largest lse_s; one warp per row, lanes over the kernel's D columns. */
 template <typename T, int D>
 __global__ void __launch_bounds__(256) fwd_combine_kernel(const FwdArgs p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("griddepcontrol.wait;\n" ::: "memory"); /* the split kernel's partials */
+#endif
   const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= p.part_rows) return;
@@ -534,13 +540,27 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   if (ctas == 0)
     return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: too many query blocks for one launch");
   if (!a.sched) return fa_set_error(FA_ERR_INTERNAL, "cuda: no workspace for the block counter");
-  const cudaError_t e = cudaMemsetAsync(a.sched, 0, sizeof(int), stream);
-  if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
+  if (blocks > ctas) { /* the counter is read (Schedule::take) */
+    const cudaError_t e = cudaMemsetAsync(a.sched, 0, sizeof(int), stream);
+    if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
+  }
   kernel<<<ctas, (S::NWG + 1) * 128, smem, stream>>>(prm);
   if (!DECODE || a.nsplit == 1) return launch_status();
   const fa_status ks = launch_status();
   if (ks != FA_OK) return ks;
-  fwd_combine_kernel<T, D><<<(unsigned)((a.part_rows + 7) / 8), 256, 0, stream>>>(a);
+  /* launched while the split kernel runs (programmatic dependent launch), so
+   * its start overlaps that kernel's last blocks */
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)((a.part_rows + 7) / 8));
+  cfg.blockDim = dim3(256);
+  cfg.stream = stream;
+  cudaLaunchAttribute pdl[1];
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = pdl;
+  cfg.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, fwd_combine_kernel<T, D>, a);
+  if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
   return launch_status();
 }
 

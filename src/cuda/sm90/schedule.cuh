@@ -1,7 +1,7 @@
 /* Persistent, dynamically scheduled Hopper kernels: one CTA per SM runs
  * block after block (query blocks forward), taking the next one from a
- * counter in global memory (zeroed by the launch), in launch order: query
- * blocks fastest, longest first for causal, then heads, then sequences.
+ * counter in global memory (zeroed by the launch when it is read), in
+ * launch order: query blocks fastest, longest first for causal, then heads, then sequences.
  * Taking blocks as CTAs free up is what the hardware's block scheduler does
  * for one CTA per block, so causal work stays balanced and concurrent CTAs
  * still share a head's K/V in L2; being persistent, a CTA loads its next
@@ -24,8 +24,12 @@ struct Schedule {
   int *next;              /* blocks taken past the first gridDim.x; zero at launch */
 
   __device__ __forceinline__ int total() const { return nblk * heads * batch; }
-  /* The block after this CTA's current one (the first is blockIdx.x). */
-  __device__ __forceinline__ int take() const { return (int)gridDim.x + atomicAdd(next, 1); }
+  /* The block after this CTA's current one (the first is blockIdx.x). With
+   * no more blocks than CTAs there is none: the counter is neither read nor
+   * zeroed (one graph node less for a decode step). */
+  __device__ __forceinline__ int take() const {
+    return total() <= (int)gridDim.x ? total() : (int)gridDim.x + atomicAdd(next, 1);
+  }
   /* Block t: index x in the kernel's own order, head h, sequence b. 32-bit:
    * the launch checks that the blocks fit (64-bit division would spill the
    * producer warp's few registers). */

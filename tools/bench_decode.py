@@ -6,7 +6,8 @@ backends in the same process, timed as tools/bench_sdpa.py times (CUDA events,
 median). Reports microseconds and the K/V bytes read per second (the decode is
 bound by reading K and V once).
 
-Usage: python3 tools/bench_decode.py --lib build-gpu/libflashattn.so [--nq N] [--json out.json]
+Usage: python3 tools/bench_decode.py --lib build-gpu/libflashattn.so [--nq N] [--headdim D]
+       [--json out.json]
 """
 import argparse
 import json
@@ -43,6 +44,7 @@ def main():
     ap.add_argument("--lib", required=True, help="path of libflashattn.so")
     ap.add_argument("--json", default=None)
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--headdim", type=int, default=128)
     ap.add_argument("--no-graph", action="store_true",
                     help="time each call from Python (host-bound below ~100 us) instead of "
                          "replaying CUDA graphs of 20 calls")
@@ -52,7 +54,7 @@ def main():
     a = ap.parse_args()
     ours = Ours(a.lib)
     torch.manual_seed(0)
-    D, rows = 128, []
+    D, rows = a.headdim, []
     print("nq=%d rows per head, D=%d, bf16, %s" % (
         a.nq, D, "per call from Python" if a.no_graph else "CUDA graphs of 20 calls"))
 

@@ -14,7 +14,8 @@
  *  - Flash limits: heads_q and batch (num_seqs) at most 65535 each (grid y/z);
  *    any head dim up to 256 runs the kernel of the next size in {32, 64, 96,
  *    128, 192, 256} with the extra columns zero-filled in shared memory.
- *  - Flash workspace: 64 bytes, the Hopper kernel's block counter.
+ *  - Flash workspace: 256 bytes (the Hopper kernel's block counter), plus a
+ *    split decode's partials (fwd_split_bytes).
  *  - Standard workspace: heads_q * max_seqlen_q * max_seqlen_k floats (one
  *    sequence's S at a time, reused in stream order; for varlen on the device
  *    the maxima are the total lengths). P is written in place over S.
@@ -61,12 +62,12 @@ using fa::rows_aligned;
 /* GQA packing (FwdArgs::pack): the whole group of query heads per block
  * where one head's query rows would leave a 128-row block part empty, so the
  * group's K/V tiles are read once instead of once per head (decode: the K/V
- * stream is the whole cost). The Hopper kernel's decode variant (head dims
- * up to 128) takes it; not under block masks (given per head). */
+ * stream is the whole cost). The Hopper kernel's decode variant takes it
+ * (the sm_80 kernel ignores it); not under block masks (given per head). */
 static int fwd_pack(const fa_problem *pb) {
   const fa_params *pr = pb->params;
   const int64_t g = pb->group;
-  const bool on = g > 1 && g <= 128 && pb->max_seqlen_q < 128 && pb->headdim <= 128;
+  const bool on = g > 1 && g <= 128 && pb->max_seqlen_q < 128;
   return on && !pr->block_mask ? (int)g : 1;
 }
 
@@ -74,9 +75,9 @@ static int fwd_pack(const fa_problem *pb) {
  * fewer blocks than an H100 has SMs), at least FA_SPLIT_KEYS keys each, at most 32:
  * the fewest whose blocks fill the waves of 132 SMs within FA_SPLIT_EFF
  * percent of the best count's (the persistent CTAs take blocks in rounds, so
- * a last round of a few blocks costs a whole one). The Hopper kernel at head
- * dims up to 128 takes them (the sm_80 kernel ignores them); chosen from the
- * problem alone, so the workspace size is the same on every device. */
+ * a last round of a few blocks costs a whole one). The Hopper kernel takes
+ * them (the sm_80 kernel ignores them); chosen from the problem alone, so
+ * the workspace size is the same on every device. */
 #ifndef FA_SPLIT_EFF
 #define FA_SPLIT_EFF 95
 #endif
@@ -84,11 +85,12 @@ static int fwd_pack(const fa_problem *pb) {
 #define FA_SPLIT_KEYS 256
 #endif
 static int fwd_splits(const fa_problem *pb) {
-  if (!is_flash(pb) || pb->max_seqlen_q > 64 || pb->headdim > 128) return 1;
+  if (!is_flash(pb) || pb->max_seqlen_q > 64) return 1;
   const int64_t sms = 132; /* an H100's */
   /* blocks without a split: (sequence, K/V head) pairs when packed, each of
    * ceil(max_seqlen_q / rows per head) blocks */
-  const int64_t pk = fwd_pack(pb), rq = 128 / pk;
+  const int pk = fwd_pack(pb);
+  const int64_t rq = 1 << fa::pack_rows_log2(pk, (int)pb->max_seqlen_q, 128);
   const int64_t per = pb->max_seqlen_q > rq ? (pb->max_seqlen_q + rq - 1) / rq : 1;
   const int64_t blocks = pb->batch * (pb->heads_q / pk) * per;
   const int64_t by_keys = pb->max_seqlen_k / FA_SPLIT_KEYS, most = by_keys < 32 ? by_keys : 32;
@@ -113,7 +115,8 @@ static size_t fwd_lse_part_bytes(const fa_problem *pb, int ns) {
 }
 static size_t fwd_split_bytes(const fa_problem *pb, int ns) {
   const size_t rows = (size_t)pb->heads_q * (size_t)pb->total_q * (size_t)ns;
-  const size_t dk = pb->headdim <= 64 ? 64 : 128;
+  const int64_t d = pb->headdim; /* the Hopper kernel's padded head dim */
+  const size_t dk = d <= 64 ? 64 : d <= 128 ? 128 : d <= 192 ? 192 : 256;
   return ns > 1 ? fwd_lse_part_bytes(pb, ns) + rows * dk * sizeof(float) : 0;
 }
 

@@ -83,6 +83,17 @@ struct FwdArgs : AttnArgs {
   int pack, pack_rows;
 };
 
+/* log2 of the query rows per head in a decode block of br rows (br a power
+ * of two): the smallest power of two >= max_seqlen_q whose pack heads fit;
+ * br when pack is 1. A power of two, so that a shift and a mask find a
+ * block row's head and query row (a division's registers spill the D = 256
+ * kernel). */
+inline int pack_rows_log2(int pack, int max_seqlen_q, int br) {
+  int lg = 0;
+  while ((2 << lg) * pack <= br && (pack == 1 || (1 << lg) < max_seqlen_q)) ++lg;
+  return lg;
+}
+
 /* Tile shapes per (padded) head dim: MT m-tiles of 16 rows per warp, NW warps,
  * BC keys per tile, Q fragments kept in registers (QREG) or re-read from
  * shared memory. Two m-tiles per warp halve the shared-memory reads of K and V

@@ -805,7 +805,7 @@ static void full_suite(void) {
                1000);
       c.window = 1, c.wl = 300, c.wr = -1, c.causal = 1;
       run_case(&c);
-      if (D <= 128) { /* decode shapes: the Hopper forward splits the keys */
+      { /* decode shapes: the Hopper forward splits the keys */
         c = base(nm("%s D=%d %s", "decode split nq=1 nk=5000", D, dt), dt, D, 1, 2, 1, 5000);
         run_case(&c);
         c = base(nm("%s D=%d %s", "decode split GQA 8:2 causal nq=1 nk=3000", D, dt), dt, D, 1, 8,
@@ -945,6 +945,11 @@ static void full_suite(void) {
         c.pad = 3, c.causal = i == 1;
         run_case(&c);
       }
+      /* decode at head dim 160 (the D = 192 kernel, padded): packed GQA, split */
+      c = base(nm("%s D=%d %s", "decode GQA 12:4 causal nq=2 nk=3000", 160, dt), dt, 160, 1, 12, 2,
+               3000);
+      c.Hk = 4, c.causal = 1;
+      run_case(&c);
       /* more blocks than SMs: the Hopper forward's persistent CTAs take
        * several blocks each (varlen: blocks past a sequence's end skipped) */
       c = base(nm("%s D=%d %s", "persistent rounds GQA 40:8 B=3 nq=nk=300", 64, dt), dt, 64, 3, 40,

@@ -64,6 +64,7 @@ struct FwdParams {
   FwdArgs a;
   CUtensorMap tq, tk, tv; /* (d, seqlen, heads, batch) boxes of 64 columns */
   Schedule sched;         /* query blocks per (sequence, head), in launch order */
+  int rq_log2;            /* the decode kernel's pack_rows = 2^rq_log2 */
 };
 
 template <int D, int NWG>
@@ -131,6 +132,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   constexpr int BR = S::BR, BC = S::BC, ST = S::ST, NC = S::NWG * 128; /* consumer threads */
   const FwdArgs &p = P.a;
   const int pack = DECODE ? p.pack : 1, rq = DECODE ? p.pack_rows : BR; /* rows per head */
+  /* block row lr's head within the pack (rq = 2^rq_log2 in the decode kernel) */
+  auto head_of = [&](int lr) { return DECODE ? lr >> P.rq_log2 : 0; };
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t sQ = (smem_addr(smem_raw) + 1023) & ~1023u;
   const uint32_t q_full = sQ + L::BARS, q_empty = q_full + 8;
@@ -331,7 +334,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
           int64_t lo, hi;
-          fa_mask_row_range(&k.mk, k.r0 + (wrow + g + 8 * rr) % rq, &lo, &hi);
+          const int lr = wrow + g + 8 * rr;
+          fa_mask_row_range(&k.mk, k.r0 + (DECODE ? lr & (rq - 1) : lr), &lo, &hi);
 #pragma unroll
           for (int jj = 0; jj < BC / 8; ++jj)
 #pragma unroll
@@ -421,7 +425,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       for (int rr = 0; rr < 2; ++rr) {
         float lse;
         const float inv = online_finish(m_run[rr] * mul, l_run[rr], &lse);
-        const int lr = wrow + g + 8 * rr, hi = DECODE ? lr / rq : 0, qi = lr - hi * rq;
+        const int lr = wrow + g + 8 * rr, hi = head_of(lr), qi = lr - hi * rq;
         if (hi >= pack || qi >= k.rows) continue;
         const int64_t li = hi * k.sv.lse_hs + qi; /* from lse_row */
         const int64_t prow = k.sp * p.part_rows + k.sv.lse0 + k.h * k.sv.lse_hs + k.r0 + li;
@@ -515,8 +519,11 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   const int64_t hk = a.heads_q / a.group;
   /* packed GQA: Q boxes of rq rows x pack heads (a decode block: pack rows) */
   const int pack = DECODE ? a.pack : 1;
-  const int rq = pack > 1 ? std::min(S::BR / pack, std::max(a.max_seqlen_q, 1)) : S::BR;
+  static_assert(!DECODE || (S::BR & (S::BR - 1)) == 0, "decode blocks of 2^k rows");
+  const int lg = pack_rows_log2(pack, a.max_seqlen_q, S::BR);
+  const int rq = DECODE ? 1 << lg : S::BR;
   prm.a.pack_rows = rq;
+  prm.rq_log2 = lg;
   fa_status st;
   if ((st = make_map(&prm.tq, BF, a.q, a.d, a.nq, a.heads_q, a.batch, a.q_ss, a.q_sh, a.q_sb, pk,
                      rq, pack)) != FA_OK ||
@@ -601,13 +608,15 @@ bool sm90_strict() {
 
 template <typename T>
 fa_status sm90_forward(const FwdArgs &a, cudaStream_t s) {
+  /* decode shapes: keys split (FwdArgs::nsplit), GQA heads packed
+   * (FwdArgs::pack) */
+  if (a.nsplit > 1 || a.pack > 1)
+    return a.d > 192   ? sm90::fwd_launch<T, 256, 2, true>(a, s)
+           : a.d > 128 ? sm90::fwd_launch<T, 192, 2, true>(a, s)
+           : a.d > 64  ? sm90::fwd_launch<T, 128, 2, true>(a, s)
+                       : sm90::fwd_launch<T, 64, 2, true>(a, s);
   if (a.d > 192) return sm90::fwd_launch<T, 256, 2>(a, s);
   if (a.d > 128) return sm90::fwd_launch<T, 192, 2>(a, s);
-  /* decode shapes, D <= 128: keys split (FwdArgs::nsplit), GQA heads packed
-   * (FwdArgs::pack) */
-  if ((a.nsplit > 1 || a.pack > 1) && a.d <= 128)
-    return a.d > 64 ? sm90::fwd_launch<T, 128, 2, true>(a, s)
-                    : sm90::fwd_launch<T, 64, 2, true>(a, s);
   if (a.d > 64) return sm90::fwd_launch<T, 128, 2>(a, s);
   /* D = 64: 192-row blocks (three warpgroups) gain 4-19% per cell, except
    * under block masks (their 128-row blocks would be straddled) and where a

@@ -75,9 +75,9 @@ static int fwd_pack(const fa_problem *pb) {
  * fewer blocks than an H100 has SMs), at least FA_SPLIT_KEYS keys each, at most 32:
  * the fewest whose blocks fill the waves of 132 SMs within FA_SPLIT_EFF
  * percent of the best count's (the persistent CTAs take blocks in rounds, so
- * a last round of a few blocks costs a whole one). The Hopper kernel takes
- * them (the sm_80 kernel ignores them); chosen from the problem alone, so
- * the workspace size is the same on every device. */
+ * a last round of a few blocks costs a whole one). Both kernels take them
+ * (the sm_80 kernel's blocks are one head's: it does not pack); chosen from
+ * the problem alone, so the workspace size is the same on every device. */
 #ifndef FA_SPLIT_EFF
 #define FA_SPLIT_EFF 95
 #endif
@@ -85,7 +85,8 @@ static int fwd_pack(const fa_problem *pb) {
 #define FA_SPLIT_KEYS 256
 #endif
 static int fwd_splits(const fa_problem *pb) {
-  if (!is_flash(pb) || pb->max_seqlen_q > 64) return 1;
+  /* the sm_80 grid's y extent is heads_q * splits (at most 65535) */
+  if (!is_flash(pb) || pb->max_seqlen_q > 64 || pb->heads_q > 65535 / 32) return 1;
   const int64_t sms = 132; /* an H100's */
   /* blocks without a split: (sequence, K/V head) pairs when packed, each of
    * ceil(max_seqlen_q / rows per head) blocks */

@@ -67,7 +67,7 @@ struct FwdArgs : AttnArgs {
   float *lse;
   int64_t o_sb, o_ss, o_sh;
   int *sched; /* the Hopper kernel's block counter: a word of the workspace */
-  /* Split keys (the Hopper kernel, decode shapes: forward.cu's fwd_splits):
+  /* Split keys (decode shapes: forward.cu's fwd_splits):
    * nsplit > 1 cuts each row's key tiles into ranges of split_tiles (set by
    * the launch, which knows the tile); range s leaves its normalised O
    * (part_o, kernel-D floats per row) and lse (part_lse) at row s * part_rows
@@ -364,7 +364,8 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
   /* Query blocks are the fastest grid dimension, so the blocks resident at
    * once share a few heads' K and V in L2; within a head the longest (causal)
    * blocks start first. */
-  const int b = blockIdx.z, h = blockIdx.y;
+  /* grid y: (head, key split) pairs; one split unless FwdArgs::nsplit > 1 */
+  const int b = blockIdx.z, h = blockIdx.y / p.nsplit, sp = blockIdx.y - h * p.nsplit;
   const int m_block = gridDim.x - 1 - blockIdx.x;
   const SeqView sv = seq_view(p, b);
   const int nq = sv.nq, nk = sv.nk;
@@ -379,8 +380,12 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
   const fa_mask mk =
       fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
   fa_mask_block_range(&mk, r0, r0 + rows, &klo, &khi);
-  const int n_begin = (int)(klo / BC);
-  const int n_end = khi > klo ? (int)((khi + BC - 1) / BC) : n_begin;
+  int n_begin = (int)(klo / BC);
+  int n_end = khi > klo ? (int)((khi + BC - 1) / BC) : n_begin;
+  if (p.nsplit > 1) { /* this split's tiles only (none: an empty walk, lse -inf) */
+    n_begin = max(n_begin, sp * p.split_tiles);
+    n_end = max(n_begin, min(n_end, (sp + 1) * p.split_tiles));
+  }
   fa_mask_row_range(&mk, r0 + rows - 1, &t_lo, &t_hi);
   const int lo_max = (int)t_lo;
   fa_mask_row_range(&mk, r0, &t_lo, &t_hi);
@@ -593,9 +598,28 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
   __syncthreads(); /* every warp is done with sQ/sK/sV */
   /* Output addresses are rebuilt here rather than kept live through the loop. */
   const SeqView so = seq_view(p, blockIdx.z);
-  const int ho = blockIdx.y, ro = (gridDim.x - 1 - blockIdx.x) * BR;
+  const int ho = blockIdx.y / p.nsplit, ro = (gridDim.x - 1 - blockIdx.x) * BR;
   const int rows_o = min(BR, so.nq - ro);
   float *lse_row = p.lse + so.lse0 + ho * so.lse_hs + ro;
+  if (p.nsplit > 1) { /* this split's normalised O and lse (float32), for the combine */
+    const int64_t prow0 =
+        (blockIdx.y - ho * p.nsplit) * p.part_rows + so.lse0 + ho * so.lse_hs + ro;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float lse;
+        const float inv = online_finish(m_run[mt][r] * mul, l_run[mt][r], &lse);
+        const int lr = wrow + mt * 16 + g + 8 * r;
+        if (lr >= rows_o) continue;
+        if (t == 0) p.part_lse[prow0 + lr] = lse;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+          *reinterpret_cast<float2 *>(p.part_o + (prow0 + lr) * D + dt * 8 + 2 * t) =
+              make_float2(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
+      }
+    return;
+  }
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -633,6 +657,65 @@ inline fa_status launch_status() {
   return FA_OK;
 }
 
+/* O and lse of each row from its splits' partials (FwdArgs::nsplit > 1):
+ * weights e^(lse_s - M), M the largest lse_s; one warp per row, lanes over
+ * the writing kernel's D columns. */
+template <typename T, int D>
+__global__ void __launch_bounds__(256) fwd_combine_kernel(const FwdArgs p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory"); /* the split kernel's partials */
+#endif
+  const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= p.part_rows) return;
+  float M = -INFINITY;
+  for (int s = 0; s < p.nsplit; ++s) M = fmaxf(M, p.part_lse[s * p.part_rows + row]);
+  constexpr int C = D / 32; /* columns per lane */
+  float acc[C] = {}, L = 0.f;
+  if (M > -INFINITY)
+    for (int s = 0; s < p.nsplit; ++s) {
+      const float w = __expf(p.part_lse[s * p.part_rows + row] - M);
+      L += w;
+      const float *po = p.part_o + (s * p.part_rows + row) * D + lane * C;
+#pragma unroll
+      for (int c = 0; c < C; ++c) acc[c] += w * po[c];
+    }
+  const float inv = L > 0.f ? 1.f / L : 0.f;
+  /* the row's place: its lse index is lse0 + h lse_hs + r (seq_view) */
+  T *dst;
+  if (p.cu_q) {
+    const int64_t h = row / p.total_q, pr = row % p.total_q;
+    dst = (T *)p.o + pr * p.o_ss + h * p.o_sh;
+  } else {
+    const int64_t per_b = (int64_t)p.heads_q * p.nq, b = row / per_b, h = row % per_b / p.nq,
+                  r = row % p.nq;
+    dst = (T *)p.o + b * p.o_sb + r * p.o_ss + h * p.o_sh;
+  }
+#pragma unroll
+  for (int c = 0; c < C; ++c)
+    if (lane * C + c < p.d) dst[lane * C + c] = T(acc[c] * inv);
+  if (lane == 0) p.lse[row] = L > 0.f ? M + logf(L) : -INFINITY;
+}
+
+/* The combine after a split forward; pdl: as a programmatic dependent launch
+ * (the Hopper kernel triggers it at its start, so its blocks take the SMs
+ * that kernel's last CTAs free). */
+template <typename T, int D>
+fa_status fwd_combine_launch(const FwdArgs &a, cudaStream_t stream, bool pdl) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)((a.part_rows + 7) / 8));
+  cfg.blockDim = dim3(256);
+  cfg.stream = stream;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = pdl ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, fwd_combine_kernel<T, D>, a);
+  if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
+  return launch_status();
+}
+
 /* Launches the kernel for padded head dim D with tile shape C (MT, NW, BC,
  * QREG; the library uses FwdTraits<D>, the block-size experiment others); sets
  * its shared-memory limit on first use (once per instantiation). */
@@ -651,10 +734,16 @@ fa_status flash_fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   static bool attr_done[3] = {false, false, false};
   fa_status st = smem_limit_once(kernel, smem, attr_done[kind]);
   if (st != FA_OK) return st;
-  const dim3 grid((unsigned)((a.max_seqlen_q + BR - 1) / BR), (unsigned)a.heads_q,
+  /* split keys (decode shapes): each split's key tiles, of this kernel's width */
+  FwdArgs args = a;
+  const int bc = ext ? XBC : C::BC;
+  args.split_tiles = ((a.max_seqlen_k + bc - 1) / bc + a.nsplit - 1) / a.nsplit;
+  const dim3 grid((unsigned)((a.max_seqlen_q + BR - 1) / BR), (unsigned)(a.heads_q * a.nsplit),
                   (unsigned)a.batch);
-  kernel<<<grid, C::NW * 32, smem, stream>>>(a);
-  return launch_status();
+  kernel<<<grid, C::NW * 32, smem, stream>>>(args);
+  if (a.nsplit == 1) return launch_status();
+  if ((st = launch_status()) != FA_OK) return st;
+  return fwd_combine_launch<T, D>(args, stream, false);
 }
 
 /* Block rows of every configuration (the grid's y extent is max_seqlen_q / this). */

@@ -945,6 +945,28 @@ static void full_suite(void) {
         c.pad = 3, c.causal = i == 1;
         run_case(&c);
       }
+      /* decode shapes on the sm_80 kernels (softcap, ALiBi, dropout, head dim
+       * 32): split keys there too */
+      c = base(nm("%s D=%d %s", "decode split softcap 30 GQA 8:2 nq=1 nk=5000", 128, dt), dt, 128,
+               1, 8, 1, 5000);
+      c.Hk = 2, c.softcap = 30;
+      run_case(&c);
+      c = base(nm("%s D=%d %s", "decode split alibi causal nq=3 nk=3000", 64, dt), dt, 64, 2, 3, 3,
+               3000);
+      c.alibi = 1, c.causal = 1;
+      run_case(&c);
+      c = base(nm("%s D=%d %s", "decode split dropout 0.1 nq=1 nk=2500", 256, dt), dt, 256, 1, 2, 1,
+               2500);
+      c.dropout = 0.1f;
+      run_case(&c);
+      c = base(nm("%s D=%d %s", "decode split varlen 1,2,0 / 4000,700,300 causal", 32, dt), dt, 32,
+               1, 4, 0, 0);
+      c.nseq = 3, c.causal = 1;
+      {
+        const int dq3[3] = {1, 2, 0}, dk3[3] = {4000, 700, 300};
+        seq_lens(&c, dq3, dk3);
+      }
+      run_case(&c);
       /* decode at head dim 160 (the D = 192 kernel, padded): packed GQA, split */
       c = base(nm("%s D=%d %s", "decode GQA 12:4 causal nq=2 nk=3000", 160, dt), dt, 160, 1, 12, 2,
                3000);
@@ -982,6 +1004,10 @@ static void small_suite(void) {
   run_case(&c);
   c = base("small packed GQA 6:2 causal nq=3 nk=2600 D=64 f16", FA_DTYPE_F16, 64, 1, 6, 3, 2600);
   c.Hk = 2, c.causal = 1;
+  run_case(&c);
+  c = base("small decode split softcap nq=2 nk=2600 D=64 bf16 (sm_80 kernel)", FA_DTYPE_BF16, 64, 1,
+           2, 2, 2600);
+  c.softcap = 20, c.causal = 1;
   run_case(&c);
   c = base("small causal nq=200 nk=4200 D=64 bf16", FA_DTYPE_BF16, 64, 1, 1, 200, 4200);
   c.causal = 1;

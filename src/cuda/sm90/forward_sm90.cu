@@ -467,45 +467,6 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 #endif
 }
 
-/* O and lse of each row from its splits' partials: weights e^(lse_s - M),
- * M the largest lse_s; one warp per row, lanes over the kernel's D columns. */
-template <typename T, int D>
-__global__ void __launch_bounds__(256) fwd_combine_kernel(const FwdArgs p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("griddepcontrol.wait;\n" ::: "memory"); /* the split kernel's partials */
-#endif
-  const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (row >= p.part_rows) return;
-  float M = -INFINITY;
-  for (int s = 0; s < p.nsplit; ++s) M = fmaxf(M, p.part_lse[s * p.part_rows + row]);
-  constexpr int C = D / 32; /* columns per lane */
-  float acc[C] = {}, L = 0.f;
-  if (M > -INFINITY)
-    for (int s = 0; s < p.nsplit; ++s) {
-      const float w = __expf(p.part_lse[s * p.part_rows + row] - M);
-      L += w;
-      const float *po = p.part_o + (s * p.part_rows + row) * D + lane * C;
-#pragma unroll
-      for (int c = 0; c < C; ++c) acc[c] += w * po[c];
-    }
-  const float inv = L > 0.f ? 1.f / L : 0.f;
-  /* the row's place: its lse index is lse0 + h lse_hs + r (seq_view) */
-  T *dst;
-  if (p.cu_q) {
-    const int64_t h = row / p.total_q, pr = row % p.total_q;
-    dst = (T *)p.o + pr * p.o_ss + h * p.o_sh;
-  } else {
-    const int64_t per_b = (int64_t)p.heads_q * p.nq, b = row / per_b, h = row % per_b / p.nq,
-                  r = row % p.nq;
-    dst = (T *)p.o + b * p.o_sb + r * p.o_ss + h * p.o_sh;
-  }
-#pragma unroll
-  for (int c = 0; c < C; ++c)
-    if (lane * C + c < p.d) dst[lane * C + c] = T(acc[c] * inv);
-  if (lane == 0) p.lse[row] = L > 0.f ? M + logf(L) : -INFINITY;
-}
-
 template <typename T, int D, int NWG, bool DECODE = false>
 fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   using S = FwdShape<D, NWG>;
@@ -555,20 +516,8 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   if (!DECODE || a.nsplit == 1) return launch_status();
   const fa_status ks = launch_status();
   if (ks != FA_OK) return ks;
-  /* launched while the split kernel runs (programmatic dependent launch), so
-   * its start overlaps that kernel's last blocks */
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)((a.part_rows + 7) / 8));
-  cfg.blockDim = dim3(256);
-  cfg.stream = stream;
-  cudaLaunchAttribute pdl[1];
-  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = pdl;
-  cfg.numAttrs = 1;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, fwd_combine_kernel<T, D>, a);
-  if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
-  return launch_status();
+  /* as a programmatic dependent: this kernel let it launch at its start */
+  return fwd_combine_launch<T, D>(a, stream, true);
 }
 
 }  // namespace sm90

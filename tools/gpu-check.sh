@@ -2,10 +2,13 @@
 # The GPU machine's one check: builds the CUDA backend (sm_90, shared library,
 # into build-gpu), runs test_cuda (forward and backward) against the float64
 # CPU oracle, runs compute-sanitizer memcheck and racecheck on test_cuda
-# --small, then the benchmark against PyTorch SDPA (tools/bench_sdpa.py), table
-# last. Logs and JSON go to $OUT (the device tool's output folder) or
+# --small, then the benchmarks against PyTorch SDPA (tools/bench_sdpa.py, then
+# the decode shapes: tools/bench_decode.py), tables last. On Hopper test_cuda
+# runs three times: as is, with FLASHATTN_CUDA_WGMMA=strict (the Hopper
+# kernels, no fallback) and with FLASHATTN_CUDA_WGMMA=0 (every case on the
+# sm_80 kernels, as an A100 runs them; --no-sm80 skips it). Logs and JSON go to $OUT (the device tool's output folder) or
 # build-gpu/out; the *.log files end up in one $OUT/logs.tgz.
-# Usage: tools/gpu-check.sh [--no-test] [--no-sanitize] [--no-bench] [--quick-bench]
+# Usage: tools/gpu-check.sh [--no-test] [--no-sm80] [--no-sanitize] [--no-bench] [--quick-bench]
 #          [--fwd-only | --bwd-only] [--no-mem] [--tune NAME=FLAGS]... [--experiments]
 #          [--prebuilt=TARBALL] [--build-only]
 #   --experiments: also run tools/gpu_experiments.py (the papers' tables, CSV into
@@ -22,10 +25,11 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/build-gpu/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-run_test=1 run_san=1 run_bench=1 run_exp=0 build_only=0 prebuilt= bench_args=() tunes=()
+run_test=1 run_sm80=1 run_san=1 run_bench=1 run_exp=0 build_only=0 prebuilt= bench_args=() tunes=()
 for a in "$@"; do
   case "$a" in
     --no-test) run_test=0 ;;
+    --no-sm80) run_sm80=0 ;;
     --no-sanitize) run_san=0 ;;
     --no-bench) run_bench=0 ;;
     --quick-bench) bench_args+=(--quick) ;;
@@ -81,6 +85,11 @@ if [ $run_test = 1 ]; then
     stamp "test_cuda with FLASHATTN_CUDA_WGMMA=strict (the Hopper kernels, no fallback)"
     FLASHATTN_CUDA_WGMMA=strict ./build-gpu/bin/test_cuda >"$OUT/test_strict.log" 2>&1 || status=1
     grep -E "^FAIL|passed" "$OUT/test_strict.log" | tail -30
+    if [ $run_sm80 = 1 ]; then
+      stamp "test_cuda with FLASHATTN_CUDA_WGMMA=0 (the sm_80 kernels everywhere)"
+      FLASHATTN_CUDA_WGMMA=0 ./build-gpu/bin/test_cuda >"$OUT/test_sm80.log" 2>&1 || status=1
+      grep -E "^FAIL|passed" "$OUT/test_sm80.log" | tail -30
+    fi
   fi
 fi
 
@@ -110,6 +119,9 @@ if [ $run_bench = 1 ]; then
   lib=$(ls build-gpu/libflashattn.so* 2>/dev/null | head -1)
   python3 tools/bench_sdpa.py --lib "$lib" --json "$OUT/bench_sdpa.json" "${bench_args[@]}" \
     >"$OUT/bench_sdpa.txt" 2>"$OUT/bench_sdpa.err" || { status=1; tail -20 "$OUT/bench_sdpa.err"; }
+  stamp "bench_decode"
+  python3 -W ignore tools/bench_decode.py --lib "$lib" --json "$OUT/bench_decode.json" \
+    >"$OUT/bench_decode.txt" 2>"$OUT/bench_decode.err" || { status=1; tail -20 "$OUT/bench_decode.err"; }
 fi
 if [ $run_exp = 1 ]; then
   stamp "gpu_experiments"
@@ -120,5 +132,5 @@ fi
 # the device tool returns a few files from $OUT: the logs go back as one
 ( cd "$OUT" && ls ./*.log >/dev/null 2>&1 && tar czf logs.tgz ./*.log && rm -f ./*.log )
 stamp "done (status $status)"
-[ $run_bench = 1 ] && cat "$OUT/bench_sdpa.txt"
+[ $run_bench = 1 ] && cat "$OUT/bench_sdpa.txt" "$OUT/bench_decode.txt"
 exit $status

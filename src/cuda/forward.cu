@@ -116,7 +116,7 @@ static size_t fwd_lse_part_bytes(const fa_problem *pb, int ns) {
 }
 static size_t fwd_split_bytes(const fa_problem *pb, int ns) {
   const size_t rows = (size_t)pb->heads_q * (size_t)pb->total_q * (size_t)ns;
-  const int64_t d = pb->headdim; /* the Hopper kernel's padded head dim */
+  const int64_t d = pb->headdim; /* Hopper's padded head dim (the sm_80 kernel's is <= it) */
   const size_t dk = d <= 64 ? 64 : d <= 128 ? 128 : d <= 192 ? 192 : 256;
   return ns > 1 ? fwd_lse_part_bytes(pb, ns) + rows * dk * sizeof(float) : 0;
 }

@@ -1,7 +1,8 @@
 /* Persistent, dynamically scheduled Hopper kernels: one CTA per SM runs
  * block after block (query blocks forward), taking the next one from a
  * counter in global memory (zeroed by the launch when it is read), in
- * launch order: query blocks fastest, longest first for causal, then heads, then sequences.
+ * launch order: query blocks fastest, longest first for causal, then heads,
+ * then sequences.
  * Taking blocks as CTAs free up is what the hardware's block scheduler does
  * for one CTA per block, so causal work stays balanced and concurrent CTAs
  * still share a head's K/V in L2; being persistent, a CTA loads its next
@@ -21,7 +22,7 @@ namespace sm90 {
 
 struct Schedule {
   int nblk, heads, batch; /* blocks per (sequence, head), heads, sequences */
-  int *next;              /* blocks taken past the first gridDim.x; zero at launch */
+  int *next;              /* blocks taken past the first gridDim.x; zero at launch (if read) */
 
   __device__ __forceinline__ int total() const { return nblk * heads * batch; }
   /* The block after this CTA's current one (the first is blockIdx.x). With

@@ -77,10 +77,11 @@ struct FwdArgs : AttnArgs {
   int64_t part_rows;
   float *part_o, *part_lse;
   /* GQA packing (the Hopper kernel; forward.cu's fwd_pack): pack > 1 query
-   * heads of one K/V head share a block, pack_rows query rows of each (set by
-   * the launch), so their K/V tiles are read once; block row r is query row
-   * r % pack_rows of head r / pack_rows. pack = 1: a block is one head's. */
-  int pack, pack_rows;
+   * heads of one K/V head share a block, 2^pack_log2 query rows of each (set
+   * by the launch), so their K/V tiles are read once; block row r is query
+   * row r % 2^pack_log2 of head r >> pack_log2. pack = 1: a block is one
+   * head's. */
+  int pack, pack_log2;
 };
 
 /* log2 of the query rows per head in a decode block of br rows (br a power
@@ -601,7 +602,10 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
   const int ho = blockIdx.y / p.nsplit, ro = (gridDim.x - 1 - blockIdx.x) * BR;
   const int rows_o = min(BR, so.nq - ro);
   float *lse_row = p.lse + so.lse0 + ho * so.lse_hs + ro;
-  if (p.nsplit > 1) { /* this split's normalised O and lse (float32), for the combine */
+  /* A split writes its normalised O and lse (float32) for the combine. A loop
+   * of its own: folded into the staging loop below (one branch per row or
+   * per element) it spilled the D = 128 EXT kernel (20-36 bytes). */
+  if (p.nsplit > 1) {
     const int64_t prow0 =
         (blockIdx.y - ho * p.nsplit) * p.part_rows + so.lse0 + ho * so.lse_hs + ro;
 #pragma unroll

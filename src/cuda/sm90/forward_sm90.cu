@@ -64,7 +64,6 @@ struct FwdParams {
   FwdArgs a;
   CUtensorMap tq, tk, tv; /* (d, seqlen, heads, batch) boxes of 64 columns */
   Schedule sched;         /* query blocks per (sequence, head), in launch order */
-  int rq_log2;            /* the decode kernel's pack_rows = 2^rq_log2 */
 };
 
 template <int D, int NWG>
@@ -131,9 +130,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   using L = FwdSmem<D, NWG>;
   constexpr int BR = S::BR, BC = S::BC, ST = S::ST, NC = S::NWG * 128; /* consumer threads */
   const FwdArgs &p = P.a;
-  const int pack = DECODE ? p.pack : 1, rq = DECODE ? p.pack_rows : BR; /* rows per head */
-  /* block row lr's head within the pack (rq = 2^rq_log2 in the decode kernel) */
-  auto head_of = [&](int lr) { return DECODE ? lr >> P.rq_log2 : 0; };
+  const int pack = DECODE ? p.pack : 1, rq = DECODE ? 1 << p.pack_log2 : BR; /* rows per head */
+  /* block row lr's head within the pack */
+  auto head_of = [&](int lr) { return DECODE ? lr >> p.pack_log2 : 0; };
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t sQ = (smem_addr(smem_raw) + 1023) & ~1023u;
   const uint32_t q_full = sQ + L::BARS, q_empty = q_full + 8;
@@ -481,10 +480,8 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   /* packed GQA: Q boxes of rq rows x pack heads (a decode block: pack rows) */
   const int pack = DECODE ? a.pack : 1;
   static_assert(!DECODE || (S::BR & (S::BR - 1)) == 0, "decode blocks of 2^k rows");
-  const int lg = pack_rows_log2(pack, a.max_seqlen_q, S::BR);
-  const int rq = DECODE ? 1 << lg : S::BR;
-  prm.a.pack_rows = rq;
-  prm.rq_log2 = lg;
+  prm.a.pack_log2 = pack_rows_log2(pack, a.max_seqlen_q, S::BR);
+  const int rq = DECODE ? 1 << prm.a.pack_log2 : S::BR;
   fa_status st;
   if ((st = make_map(&prm.tq, BF, a.q, a.d, a.nq, a.heads_q, a.batch, a.q_ss, a.q_sh, a.q_sb, pk,
                      rq, pack)) != FA_OK ||

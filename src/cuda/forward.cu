@@ -121,8 +121,28 @@ static size_t fwd_split_bytes(const fa_problem *pb, int ns) {
   return ns > 1 ? fwd_lse_part_bytes(pb, ns) + rows * dk * sizeof(float) : 0;
 }
 
+/* GQA decode on the sm_80 kernel, whose blocks are one query head's: with
+ * one query row per sequence (fixed length; no window, ALiBi, dropout or
+ * block mask, which depend on the head or the row) the group's g query heads
+ * become the g rows of one K/V head's problem. Q and O (B, 1, Hk g, D) are
+ * read as (B, g, Hk, D), and lse, (B, Hk g, 1), keeps its layout as (B, Hk,
+ * g): K/V is then read once per group. Causal is dropped (one row sees every
+ * key). FlashAttention-2 does the same for its decode. */
+static void gqa_as_rows(fa::FwdArgs &a) {
+  if (a.group == 1 || a.nq != 1 || a.cu_q || a.window_enabled || a.alibi || fa::is_ext(a)) return;
+  const int g = a.group;
+  a.nq = a.max_seqlen_q = g;
+  a.heads_q /= g;
+  a.group = 1;
+  a.total_q = (int64_t)a.batch * g;
+  a.q_ss = a.q_sh, a.q_sh *= g;
+  a.o_ss = a.o_sh, a.o_sh *= g;
+  a.causal = 0;
+}
+
 template <typename T>
-fa_status flash_dispatch(const fa::FwdArgs &a, cudaStream_t s) {
+fa_status flash_dispatch(fa::FwdArgs a, cudaStream_t s) {
+  gqa_as_rows(a);
   return fa::dispatch_headdim(
       a.d, [&](auto dp) { return fa::flash_fwd_launch<T, decltype(dp)::value>(a, s); });
 }

@@ -76,7 +76,7 @@ static int fwd_pack(const fa_problem *pb) {
  * the fewest whose blocks fill the waves of 132 SMs within FA_SPLIT_EFF
  * percent of the best count's (the persistent CTAs take blocks in rounds, so
  * a last round of a few blocks costs a whole one). Both kernels take them
- * (the sm_80 kernel's blocks are one head's: it does not pack); chosen from
+ * (the sm_80 kernel packs GQA decode through gqa_as_rows below); chosen from
  * the problem alone, so the workspace size is the same on every device. */
 #ifndef FA_SPLIT_EFF
 #define FA_SPLIT_EFF 95

@@ -224,7 +224,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   const int cw = S::COLS ? wg * S::DC / 64 : 0;
   auto ds_tile = [&](int buf, int w) { return sK + L::DS0 + (buf * S::NWG + w) * L::DSBYTES; };
   const uint32_t dq_wg = sK + L::DQ0 + wg * L::DQBYTES;
-  /* dQ rows [qw, qw + 64), columns [dw, dw + 64) of the tile */
+  /* dQ rows [qw, qw + 64), columns [dw, dw + DQC) of the tile */
   const int qw = S::ROW_SPLIT ? wg * 64 : 0, dw = S::ROW_SPLIT ? 0 : wg * S::DQC;
   const bool issuer = (ctid & 127) == 0; /* issues this warpgroup's dQ reductions */
 
@@ -387,8 +387,8 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     FA_TRACE_SET(5, (unsigned long long)i);
   }
 
-  /* dK (times scale) and dV, each warpgroup its 64 keys, staged (row stride
-   * D + 8) over the Q/dO ring and the dS^T tiles, which nobody reads any more.
+  /* dK (times scale) and dV, each warpgroup its 64 keys (COLS: its DC
+   * columns of the block's 64 keys), staged (row stride DC + 8) over the Q/dO ring and the dS^T tiles, which nobody reads any more.
    * The last dQ reductions only have to have read their staging tile (outside
    * the dK/dV staging) before the block exits, so that wait comes last; the
    * kernel's end makes their writes visible to the dQ conversion. */

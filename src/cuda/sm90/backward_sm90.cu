@@ -388,10 +388,11 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   }
 
   /* dK (times scale) and dV, each warpgroup its 64 keys (COLS: its DC
-   * columns of the block's 64 keys), staged (row stride DC + 8) over the Q/dO ring and the dS^T tiles, which nobody reads any more.
-   * The last dQ reductions only have to have read their staging tile (outside
-   * the dK/dV staging) before the block exits, so that wait comes last; the
-   * kernel's end makes their writes visible to the dQ conversion. */
+   * columns of the block's 64 keys), staged (row stride DC + 8) over the
+   * Q/dO ring and the dS^T tiles, which nobody reads any more. The last dQ
+   * reductions only have to have read their staging tile (outside the dK/dV
+   * staging) before the block exits, so that wait comes last; the kernel's
+   * end makes their writes visible to the dQ conversion. */
   named_sync(1, NC);
   constexpr int DC = S::DC, LD = DC + 8;
   T *stage = reinterpret_cast<T *>(smem_raw + (sK - smem_addr(smem_raw)) + L::Q0);

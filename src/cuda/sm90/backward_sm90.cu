@@ -20,8 +20,10 @@
  *                                         map) into the float32 dQ accumulator
  * (Element-wise float atomics for dQ halved the kernel's speed: 277 against
  * 538 TFLOP/s with them left out, D = 128 on an H200.)
- * Plain score path (block masks as in the forward), padded head dims 64 and
- * 128, not deterministic. */
+ * At D = 256 (BwdShape::COLS) both warpgroups take the same 64 keys, each
+ * owning 128 of the columns of dK, dV and dQ, and each computes the whole
+ * S^T and dP^T. Plain score path (block masks as in the forward), padded
+ * head dims 64, 128 and 256, not deterministic. */
 #include "../backward_kernel.cuh"
 #include "sm90.h"
 #include "wgmma.cuh"
@@ -44,10 +46,21 @@ namespace sm90 {
  * and the staging stores at D = 128; docs/PERF.md). */
 template <int D>
 struct BwdShape {
-  static constexpr int NWG = 2, BC = 64 * NWG, BR = D <= 64 ? 128 : 64, ST = 2;
-  static constexpr bool ROW_SPLIT = BR == 64 * NWG;
-  static_assert(BR * D == NWG * 64 * 64, "each warpgroup owns a 64 x 64 block of dQ");
-  static constexpr int DS_BUFS = 2;
+  /* COLS (D = 256): dK and dV of 64 keys x 256 columns do not fit one
+   * warpgroup's registers. Both warpgroups then take the same 64 keys and
+   * each owns DC = 128 of the columns (of dK, dV and the tile's dQ); both
+   * compute the whole S^T and dP^T (64 x 64, 1.4x the tensor work), so P^T
+   * and dS^T stay in each one's registers and neither waits for the other's.
+   * Shared memory (K, V 64 KB; Q, dO 64 KB; dQ staging 64 KB) leaves room
+   * for one Q/dO stage. */
+  static constexpr bool COLS = D > 128;
+  static constexpr int NWG = 2, BC = COLS ? 64 : 64 * NWG, BR = D <= 64 ? 128 : 64;
+  static constexpr int ST = COLS ? 1 : 2, DC = COLS ? D / NWG : D;
+  static constexpr int DQC = COLS ? DC : 64; /* columns of a warpgroup's dQ block */
+  static constexpr bool ROW_SPLIT = !COLS && BR == 64 * NWG;
+  static_assert(COLS ? BR == 64 && DC == 128 : BR * D == NWG * 64 * 64,
+                "each warpgroup owns a 64 x DQC block of dQ");
+  static constexpr int DS_BUFS = COLS ? 1 : 2;
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
   static_assert(regs_split_fits(NWG + 1, PRODUCER_REGS, CONSUMER_REGS), "registers fit");
 };
@@ -68,8 +81,8 @@ struct BwdSmem {
   static constexpr uint32_t V0 = KBYTES, Q0 = 2 * KBYTES, DO0 = Q0 + S::ST * QBYTES;
   /* per buffer and warpgroup: dS^T of its 64 keys x BR queries */
   static constexpr uint32_t DS0 = DO0 + S::ST * QBYTES, DSBYTES = 64 * S::BR * 2;
-  /* per warpgroup: the 64 x 64 float32 dQ block it reduces, two 32-column boxes */
-  static constexpr uint32_t DQ0 = DS0 + S::DS_BUFS * S::NWG * DSBYTES, DQBYTES = 64 * 64 * 4;
+  /* per warpgroup: the 64 x DQC float32 dQ block it reduces, in 32-column boxes */
+  static constexpr uint32_t DQ0 = DS0 + S::DS_BUFS * S::NWG * DSBYTES, DQBYTES = 64 * S::DQC * 4;
   /* per stage: the tile's lse2 and Di rows (BR floats each), next to its Q and dO */
   static constexpr uint32_t LSE0 = DQ0 + S::NWG * DQBYTES, LSEBYTES = 2 * S::BR * 4;
   static constexpr uint32_t BARS = LSE0 + S::ST * LSEBYTES;
@@ -204,17 +217,20 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   regs_alloc<S::CONSUMER_REGS>();
   const int ctid = tid - 128, wg = ctid >> 7, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int kw = wg * 64 + ((ctid >> 5) & 3) * 16; /* this warp's first key in the block */
-  const uint32_t k_wg = sK + wg * 64 * 128, v_wg = sK + L::V0 + wg * 64 * 128;
+  const int kw0 = S::COLS ? 0 : wg * 64;       /* this warpgroup's first key in the block */
+  const int kw = kw0 + ((ctid >> 5) & 3) * 16; /* this warp's */
+  const uint32_t k_wg = sK + kw0 * 128, v_wg = sK + L::V0 + kw0 * 128;
+  /* COLS: this warpgroup's DC columns start in dO's and Q's 64-column block cw */
+  const int cw = S::COLS ? wg * S::DC / 64 : 0;
   auto ds_tile = [&](int buf, int w) { return sK + L::DS0 + (buf * S::NWG + w) * L::DSBYTES; };
   const uint32_t dq_wg = sK + L::DQ0 + wg * L::DQBYTES;
-  /* dQ rows [qw, qw + 64), columns [dw, dw + 64) of the tile */
-  const int qw = S::ROW_SPLIT ? wg * 64 : 0, dw = S::ROW_SPLIT ? 0 : wg * 64;
+  /* dQ rows [qw, qw + 64), columns [dw, dw + DQC) of the tile */
+  const int qw = S::ROW_SPLIT ? wg * 64 : 0, dw = S::ROW_SPLIT ? 0 : wg * S::DQC;
   const bool issuer = (ctid & 127) == 0; /* issues this warpgroup's dQ reductions */
 
-  float dk[D / 8][4], dv[D / 8][4];
+  float dk[S::DC / 8][4], dv[S::DC / 8][4];
 #pragma unroll
-  for (int j = 0; j < D / 8; ++j)
+  for (int j = 0; j < S::DC / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
   mbar_wait(kv_full, 0);
@@ -290,16 +306,18 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < BR / 16; ++kk)
-      wgmma_rs<T, D>(dv, pa[kk], sw128_mnmajor(do_st, kk, BR * 128), 1);
+      wgmma_rs<T, S::DC>(dv, pa[kk], sw128_mnmajor(do_st + cw * BR * 128, kk, BR * 128), 1);
 #pragma unroll
     for (int kk = 0; kk < BR / 16; ++kk)
-      wgmma_rs<T, D>(dk, da[kk], sw128_mnmajor(q_st, kk, BR * 128), 1);
+      wgmma_rs<T, S::DC>(dk, da[kk], sw128_mnmajor(q_st + cw * BR * 128, kk, BR * 128), 1);
     wg_commit();
     /* dS^T (this warpgroup's 64 keys x BR queries) -> SW128 tile for dQ.
      * Double-buffered: the other warpgroup read this buffer two steps ago and
-     * has passed the last step's barrier since. */
+     * has passed the last step's barrier since. COLS: each warpgroup's own
+     * copy (the same dS^T), read only by its own dQ product, which it waited
+     * for in the last step. */
     const uint32_t ds_wg = ds_tile(i % S::DS_BUFS, wg);
-    const int kr = kw - wg * 64 + g;
+    const int kr = kw - kw0 + g;
 #pragma unroll
     for (int kk = 0; kk < BR / 16; ++kk)
 #pragma unroll
@@ -310,7 +328,10 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
                      : "memory");
       }
     fence_proxy_async();
-    named_sync(1, NC); /* both warpgroups' dS^T are stored */
+    if (S::COLS)
+      named_sync(2 + wg, 128); /* this warpgroup's dS^T is stored */
+    else
+      named_sync(1, NC); /* both warpgroups' dS^T are stored */
     wg_wait<0>();
     reg_fence(dv);
     reg_fence(dk);
@@ -318,24 +339,24 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     reg_fence(da);
     mbar_arrive(q_empty(st)); /* done with Q_i, dO_i and the lse rows */
 
-    /* dQ_i[qw.., dw..] (64 x 64) += dS[qw.., all BC keys] K[all keys, dw..] */
+    /* dQ_i[qw.., dw..] (64 x DQC) += dS[qw.., all BC keys] K[all keys, dw..] */
     if (issuer) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
     named_sync(2 + wg, 128); /* the previous reduction has read the staging tile */
-    const uint32_t ds_buf = ds_tile(i % S::DS_BUFS, 0) + (qw / 64) * 64 * 128;
+    const uint32_t ds_buf = ds_tile(i % S::DS_BUFS, S::COLS ? wg : 0) + (qw / 64) * 64 * 128;
     const uint32_t dq_row0 = dq_wg + (((ctid >> 5) & 3) * 16 + g) * 128 + (t & 1) * 8;
-    float dq[8][4];
+    float dq[S::DQC / 8][4];
     wg_fence();
 #pragma unroll
     for (int kb = 0; kb < BC / 16; ++kb) /* key step in the block; dS^T tile kb / 4 */
-      wgmma_ss_mn<T, 64>(dq, sw128_mnmajor(ds_buf + (kb / 4) * L::DSBYTES, kb % 4, 64 * 128),
-                         sw128_mnmajor(sK + (dw / 64) * BC * 128, kb, BC * 128), kb > 0);
+      wgmma_ss_mn<T, S::DQC>(dq, sw128_mnmajor(ds_buf + (kb / 4) * L::DSBYTES, kb % 4, 64 * 128),
+                             sw128_mnmajor(sK + (dw / 64) * BC * 128, kb, BC * 128), kb > 0);
     wg_commit();
     wg_wait<0>();
     reg_fence(dq);
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr)
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < S::DQC / 8; ++j)
         asm volatile(
             "st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dq_row0 + (j / 4) * 8192 + 8 * hr * 128 +
                                                        ((((j % 4) * 2 + (t >> 1)) ^ g) << 4)),
@@ -345,7 +366,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     named_sync(2 + wg, 128); /* the staging tile is complete */
     if (issuer && r + qw < nq) {
 #pragma unroll
-      for (int bx = 0; bx < 2; ++bx)
+      for (int bx = 0; bx < S::DQC / 32; ++bx)
         asm volatile(
             "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, "
             "%3, %4}], [%5];\n" ::"l"(&P.tdq),
@@ -366,19 +387,20 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     FA_TRACE_SET(5, (unsigned long long)i);
   }
 
-  /* dK (times scale) and dV, each warpgroup its 64 keys, staged (row stride
-   * D + 8) over the Q/dO ring and the dS^T tiles, which nobody reads any more.
-   * The last dQ reductions only have to have read their staging tile (outside
-   * the dK/dV staging) before the block exits, so that wait comes last; the
-   * kernel's end makes their writes visible to the dQ conversion. */
+  /* dK (times scale) and dV, each warpgroup its 64 keys (COLS: its DC
+   * columns of the block's 64 keys), staged (row stride DC + 8) over the
+   * Q/dO ring and the dS^T tiles, which nobody reads any more. The last dQ
+   * reductions only have to have read their staging tile (outside the dK/dV
+   * staging) before the block exits, so that wait comes last; the kernel's
+   * end makes their writes visible to the dQ conversion. */
   named_sync(1, NC);
-  constexpr int LD = D + 8;
+  constexpr int DC = S::DC, LD = DC + 8;
   T *stage = reinterpret_cast<T *>(smem_raw + (sK - smem_addr(smem_raw)) + L::Q0);
   T *sdk = stage + wg * 2 * 64 * LD, *sdv = sdk + 64 * LD;
-  static_assert(2 * S::NWG * 64 * (D + 8) * 2 <= L::DQ0 - L::Q0, "dK, dV staging fits");
-  const int kl = kw - wg * 64 + g;
+  static_assert(2 * S::NWG * 64 * (DC + 8) * 2 <= L::DQ0 - L::Q0, "dK, dV staging fits");
+  const int kl = kw - kw0 + g;
 #pragma unroll
-  for (int j = 0; j < D / 8; ++j)
+  for (int j = 0; j < DC / 8; ++j)
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       const int off = (kl + 8 * hr) * LD + j * 8 + 2 * t;
@@ -387,12 +409,16 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
       *reinterpret_cast<uint32_t *>(sdv + off) = pack2<T>(dv[j][2 * hr], dv[j][2 * hr + 1]);
     }
   named_sync(2 + wg, 128);
-  const int k_lo = c0 + wg * 64, valid = min(64, nk - k_lo);
-  if (valid > 0) {
-    store_tile<T, 64, D, 128>((T *)p.dk + row_off(sv, true, p.dk_sb, p.dk_ss, p.dk_sh, k_lo, hk),
-                              p.dk_ss, sdk, valid, p.d, ctid & 127);
-    store_tile<T, 64, D, 128>((T *)p.dv + row_off(sv, true, p.dv_sb, p.dv_ss, p.dv_sh, k_lo, hk),
-                              p.dv_ss, sdv, valid, p.d, ctid & 127);
+  /* this warpgroup's keys and columns of dK and dV */
+  const int k_lo = c0 + kw0, valid = min(64, nk - k_lo), c_lo = S::COLS ? wg * DC : 0;
+  if (valid > 0 && c_lo < p.d) {
+    const int cols = min(DC, p.d - c_lo);
+    store_tile<T, 64, DC, 128>(
+        (T *)p.dk + row_off(sv, true, p.dk_sb, p.dk_ss, p.dk_sh, k_lo, hk) + c_lo, p.dk_ss, sdk,
+        valid, cols, ctid & 127);
+    store_tile<T, 64, DC, 128>(
+        (T *)p.dv + row_off(sv, true, p.dv_sb, p.dv_ss, p.dv_sh, k_lo, hk) + c_lo, p.dv_ss, sdv,
+        valid, cols, ctid & 127);
   }
   if (issuer) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
   if (ctid == 0) FA_TRACE(3);
@@ -457,11 +483,13 @@ extern "C" __attribute__((visibility("default"))) int fa_sm90_trace_dump(const c
 #endif
 
 bool sm90_backward_covers(const BwdArgs &a) {
-  return a.dq_acc != NULL && a.d <= 128 && sm90_forward_covers(a);
+  /* head dims 33-128 (padded to 64 or 128) and 193-256 (BwdShape::COLS) */
+  return a.dq_acc != NULL && (a.d <= 128 || a.d > 192) && sm90_forward_covers(a);
 }
 
 template <typename T>
 fa_status sm90_backward(const BwdArgs &a, cudaStream_t s) {
+  if (a.d > 192) return sm90::bwd_launch<T, 256>(a, s);
   return a.d <= 64 ? sm90::bwd_launch<T, 64>(a, s) : sm90::bwd_launch<T, 128>(a, s);
 }
 template fa_status sm90_backward<__half>(const BwdArgs &, cudaStream_t);

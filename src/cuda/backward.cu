@@ -3,9 +3,9 @@
  * (each part rounded up to 256 bytes):
  *   Di      heads_q * total_q floats (lse layout)
  *   lse2    as many floats (lse * log2 e)
- *   dQ acc  heads_q * total_q * Dp floats, Dp the padded head dim (32, 64, 96,
- *           128, 192 or 256), 128 at head dims 65-96 (the Hopper kernel pads
- *           those to 128; the sm_80 kernel's rows of 96 use the first 3/4); not
+ *   dQ acc  heads_q * total_q * Dp floats, Dp = dq_acc_cols (below): the
+ *           padded head dim, 128 at 65-96 and 256 at 129-192 (the Hopper
+ *           kernel pads those; the sm_80 kernel uses the start of each row); not
  *           with params.deterministic, whose dQ kernel keeps dQ in registers.
  * For varlen, total_q is q's seqlen (the packed rows). O(B H N D), never N^2.
  * The flash kernels need q, k, v, o, dout, dq, dk, dv 16-byte aligned with
@@ -20,6 +20,12 @@
 namespace {
 
 using fa::round256;
+
+/* the dQ accumulator's row width (the sm_80 kernel's narrower rows use the
+ * start of each row) */
+int dq_acc_cols(int64_t d) {
+  return d > 64 && d <= 96 ? 128 : d > 128 && d <= 192 ? 256 : fa::padded_headdim(d);
+}
 
 size_t rows_bytes(const fa_problem *pb) {
   return round256((size_t)pb->heads_q * (size_t)pb->total_q * sizeof(float));
@@ -43,8 +49,7 @@ size_t fa_cuda_backward_workspace(const fa_problem *pb) {
   if (!fa::is_flash(pb)) return 0;
   size_t n = 2 * rows_bytes(pb);
   if (!pb->params->deterministic)
-    n += (size_t)pb->heads_q * (size_t)pb->total_q *
-         (size_t)(pb->headdim > 64 && pb->headdim <= 96 ? 128 : fa::padded_headdim(pb->headdim)) *
+    n += (size_t)pb->heads_q * (size_t)pb->total_q * (size_t)dq_acc_cols(pb->headdim) *
          sizeof(float);
   return n;
 }

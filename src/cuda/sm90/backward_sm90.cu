@@ -483,13 +483,14 @@ extern "C" __attribute__((visibility("default"))) int fa_sm90_trace_dump(const c
 #endif
 
 bool sm90_backward_covers(const BwdArgs &a) {
-  /* head dims 33-128 (padded to 64 or 128) and 193-256 (BwdShape::COLS) */
-  return a.dq_acc != NULL && (a.d <= 128 || a.d > 192) && sm90_forward_covers(a);
+  /* head dims 33-256, padded to 64, 128 or 256 (BwdShape::COLS; 129-192 pay
+   * 256 columns, still faster than the sm_80 kernel at 192, docs/PERF.md) */
+  return a.dq_acc != NULL && sm90_forward_covers(a);
 }
 
 template <typename T>
 fa_status sm90_backward(const BwdArgs &a, cudaStream_t s) {
-  if (a.d > 192) return sm90::bwd_launch<T, 256>(a, s);
+  if (a.d > 128) return sm90::bwd_launch<T, 256>(a, s);
   return a.d <= 64 ? sm90::bwd_launch<T, 64>(a, s) : sm90::bwd_launch<T, 128>(a, s);
 }
 template fa_status sm90_backward<__half>(const BwdArgs &, cudaStream_t);

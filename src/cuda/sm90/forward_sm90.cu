@@ -446,9 +446,17 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       }
       continue;
     }
-    /* Normalise, write lse, stage O (row stride D + 8) through shared memory;
-     * the first barrier: every consumer is done storing the previous block's */
-    named_sync(1, NC);
+    /* Normalise, write lse, stage O (row stride D + 8) through shared memory
+     * and store it. With two warpgroups each stages and stores its own 64
+     * rows between barriers of its own (4 + wg): one warpgroup's epilogue
+     * then runs under the other's last products instead of waiting for them
+     * (D = 128: +3-5% at 512-4096 keys). Three (D = 64) keep block-wide ones:
+     * their own were 2.5% slower at 512 keys (docs/PERF.md). The first
+     * barrier: every thread of the group is done storing its previous rows. */
+    constexpr bool OWN = S::NWG == 2;
+    constexpr int ER = OWN ? 64 : BR, ET = OWN ? 128 : NC;
+    const int bar = OWN ? 4 + wg : 1, er0 = OWN ? wg * 64 : 0;
+    named_sync(bar, ET);
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       float lse;
@@ -460,8 +468,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         *reinterpret_cast<uint32_t *>(sO + lr * LD + jj * 8 + 2 * t) =
             pack2<T>(o[jj][2 * rr] * inv, o[jj][2 * rr + 1] * inv);
     }
-    named_sync(1, NC);
-    store_tile<T, BR, D, NC>(o_blk, p.o_ss, sO, k.rows, p.d, ctid);
+    named_sync(bar, ET);
+    store_tile<T, ER, D, ET>(o_blk + er0 * p.o_ss, p.o_ss, sO + er0 * LD, k.rows - er0, p.d,
+                             OWN ? ctid & 127 : ctid);
   }
 #endif
 }

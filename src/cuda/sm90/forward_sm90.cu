@@ -450,8 +450,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
      * and store it. With two warpgroups each stages and stores its own 64
      * rows between barriers of its own (4 + wg): one warpgroup's epilogue
      * then runs under the other's last products instead of waiting for them
-     * (D = 128: +3-5% at 512-4096 keys). Three (D = 64) keep block-wide ones:
-     * their own were 2.5% slower at 512 keys (docs/PERF.md). The first
+     * (D = 128: +2-4% causal at 512-2048 keys). Three (D = 64) keep
+     * block-wide ones: their own were 2.5% slower at 512 keys (docs/PERF.md). The first
      * barrier: every thread of the group is done storing its previous rows. */
     constexpr bool OWN = S::NWG == 2;
     constexpr int ER = OWN ? 64 : BR, ET = OWN ? 128 : NC;

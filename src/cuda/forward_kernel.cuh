@@ -322,9 +322,18 @@ __device__ __forceinline__ void load_tile(T *s, const T *g, int64_t stride, int 
   }
 }
 
-/* Shared memory (row stride D + 8) -> ROWS x d tile of a strided tensor,
+/* Element offset of row r's 8-column chunk c in a staging tile of rows of D
+ * with the chunks XOR-swizzled by r % 8: a warp's fragment rows g = 0..7
+ * then write 32 different banks, with no padding (D a multiple of 64). */
+template <int D>
+__device__ __forceinline__ int stage_o_at(int r, int c) {
+  return r * D + ((c ^ (r & 7)) << 3);
+}
+
+/* Shared memory (row stride D + 8, or SWZ: stage_o_at's layout, whose
+ * rows must start at multiples of 8) -> ROWS x d tile of a strided tensor,
  * 16-byte stores; rows >= valid_rows and columns >= d are not written. */
-template <typename T, int ROWS, int D, int NT>
+template <typename T, int ROWS, int D, int NT, bool SWZ = false>
 __device__ __forceinline__ void store_tile(T *g, int64_t stride, const T *s, int valid_rows, int d,
                                            int tid) {
   constexpr int CPR = D / 8, LD = D + 8;
@@ -333,7 +342,7 @@ __device__ __forceinline__ void store_tile(T *g, int64_t stride, const T *s, int
     const int idx = tid + it * NT;
     const int row = idx / CPR, ch = idx % CPR;
     if ((ROWS * CPR % NT == 0 || idx < ROWS * CPR) && row < valid_rows && ch * 8 < d) {
-      const T *src = s + row * LD + ch * 8;
+      const T *src = s + (SWZ ? stage_o_at<D>(row, ch) : row * LD + ch * 8);
       T *dst = g + row * stride + ch * 8;
       if (ch * 8 + 8 <= d) {
         *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);

@@ -70,14 +70,20 @@ template <int D, int NWG>
 struct FwdSmem {
   using S = FwdShape<D, NWG>;
   static constexpr uint32_t QBYTES = S::BR * D * 2, TBYTES = S::BC * D * 2;
-  static constexpr uint32_t K0 = QBYTES, V0 = K0 + S::ST * TBYTES, O0 = V0 + S::ST * TBYTES;
-  /* O is staged (row stride D + 8) apart from Q, so the next block's Q loads
-   * during this block's epilogue */
-  static constexpr uint32_t BARS = O0 + (S::STAGE_O ? S::BR * (D + 8) * 2 : 0);
-  /* barriers: q_full, q_empty, k_full[ST], v_full[ST], k_empty[ST],
-   * v_empty[ST]; then the block index of Q's two phases; plus 1 KB to align
-   * the base to 1024 bytes */
-  static constexpr uint32_t SLOTS = BARS + 8 * (2 + 4 * S::ST);
+  /* O is staged (swizzled rows of D, stage_o_at) apart from Q */
+  static constexpr uint32_t OBYTES = S::STAGE_O ? S::BR * D * 2 : 0;
+  /* Q in a ring of QST stages: with two (where they fit: D <= 128) the
+   * producer loads the next block's Q, and then its K/V tiles, while this
+   * block computes; with one it can only start when this block's last
+   * product is done, and every block begins with that load's latency */
+  static constexpr int QST =
+      2 * QBYTES + 2 * S::ST * TBYTES + OBYTES + 256 + 1024 <= 227 * 1024 ? 2 : 1;
+  static constexpr uint32_t K0 = QST * QBYTES, V0 = K0 + S::ST * TBYTES, O0 = V0 + S::ST * TBYTES;
+  static constexpr uint32_t BARS = O0 + OBYTES;
+  /* barriers: q_full[QST], q_empty[QST], k_full[ST], v_full[ST],
+   * k_empty[ST], v_empty[ST]; then the block index of Q's two phases; plus
+   * 1 KB to align the base to 1024 bytes */
+  static constexpr uint32_t SLOTS = BARS + 8 * (2 * QST + 4 * S::ST);
   static constexpr size_t BYTES = SLOTS + 8 + 1024;
 };
 
@@ -129,25 +135,30 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   using S = FwdShape<D, NWG>;
   using L = FwdSmem<D, NWG>;
   constexpr int BR = S::BR, BC = S::BC, ST = S::ST, NC = S::NWG * 128; /* consumer threads */
+  constexpr int QST = L::QST;
   const FwdArgs &p = P.a;
   const int pack = DECODE ? p.pack : 1, rq = DECODE ? 1 << p.pack_log2 : BR; /* rows per head */
   /* block row lr's head within the pack */
   auto head_of = [&](int lr) { return DECODE ? lr >> p.pack_log2 : 0; };
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t sQ = (smem_addr(smem_raw) + 1023) & ~1023u;
-  const uint32_t q_full = sQ + L::BARS, q_empty = q_full + 8;
-  auto k_full = [&](int st) { return q_full + 8 * (2 + st); };
-  auto v_full = [&](int st) { return q_full + 8 * (2 + ST + st); };
-  auto k_empty = [&](int st) { return q_full + 8 * (2 + 2 * ST + st); };
-  auto v_empty = [&](int st) { return q_full + 8 * (2 + 3 * ST + st); };
+  const uint32_t bars = sQ + L::BARS;
+  auto q_full = [&](int qs) { return bars + 8 * qs; };
+  auto q_empty = [&](int qs) { return bars + 8 * (QST + qs); };
+  auto k_full = [&](int st) { return bars + 8 * (2 * QST + st); };
+  auto v_full = [&](int st) { return bars + 8 * (2 * QST + ST + st); };
+  auto k_empty = [&](int st) { return bars + 8 * (2 * QST + 2 * ST + st); };
+  auto v_empty = [&](int st) { return bars + 8 * (2 * QST + 3 * ST + st); };
 
   const int tid = threadIdx.x;
   /* a split's combine kernel (launched as a programmatic dependent) may take
    * the SMs this grid's CTAs free; it waits for the whole grid's writes */
   if (DECODE) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   if (tid == 0) {
-    mbar_init(q_full, 1);
-    mbar_init(q_empty, NC); /* every consumer thread: each read its slot */
+    for (int qs = 0; qs < QST; ++qs) {
+      mbar_init(q_full(qs), 1);
+      mbar_init(q_empty(qs), NC); /* every consumer thread: each read its slot */
+    }
     for (int st = 0; st < ST; ++st) {
       mbar_init(k_full(st), 1);
       mbar_init(v_full(st), 1);
@@ -159,7 +170,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   __syncthreads();
 
   /* The producer takes the blocks (schedule.cuh) and hands each one's index
-   * to the consumers in slot[j & 1] with its Q (q_full phase j); -1 ends the
+   * to the consumers in slot[j & 1] with its Q (Q stage j % QST); -1 ends the
    * walk. Both roles then walk the block's same live key tiles, so the K/V
    * ring's position i runs in step; a block's tiles run from the last to the
    * first, so a causal block's masked tiles come first. */
@@ -218,15 +229,17 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       for (int j = 0;; ++j, t = take()) {
         while (t < total && !setup(t, k)) t = take();
         const bool more = t < total;
-        if (tid == 0) { /* Q once the consumers are done with the previous block's */
-          mbar_wait(q_empty, (j & 1) ^ 1);
+        if (tid == 0) { /* Q once the consumers are done with the stage's last block */
+          const int qs = j % QST;
+          mbar_wait(q_empty(qs), ((j / QST) & 1) ^ 1);
           slot[j & 1] = more ? t : -1;
           if (more) {
-            mbar_expect_tx(q_full, (uint32_t)(rq * pack) * D * 2); /* QBYTES unpacked */
+            mbar_expect_tx(q_full(qs), (uint32_t)(rq * pack) * D * 2); /* QBYTES unpacked */
             const MapSeq mq = map_seq(p.cu_q != nullptr, k.b, p.nq, k.sv.q0, k.sv.nq);
-            tma_load_tile<BR, D>(sQ, &P.tq, q_full, mq.row + k.r0, k.h, mq.batch);
+            tma_load_tile<BR, D>(sQ + qs * L::QBYTES, &P.tq, q_full(qs), mq.row + k.r0, k.h,
+                                 mq.batch);
           } else {
-            mbar_arrive(q_full);
+            mbar_arrive(q_full(qs));
           }
         }
         if (!more) break;
@@ -256,18 +269,18 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   const int g = lane >> 2, t = lane & 3;
   const int wrow = wg * 64 + ((ctid >> 5) & 3) * 16; /* this warp's first row in the block */
   const float mul = p.scale_log2;
-  const uint32_t q_base = sQ + wg * 64 * 128; /* this warpgroup's 64 rows of Q */
   T *sO = reinterpret_cast<T *>(smem_raw + (sQ + L::O0 - smem_addr(smem_raw)));
-  constexpr int LD = D + 8;
 
   Block k;
   int i = 0;                                      /* visited tiles so far: the ring's position */
   if (S::OVERLAP && wg == 1) named_arrive(2, NC); /* warpgroup 0 issues first */
   for (int j = 0;; ++j) {
-    mbar_wait(q_full, j & 1);
+    const int qs = j % QST;
+    mbar_wait(q_full(qs), (j / QST) & 1);
     const int blk = slot[j & 1];
     if (blk < 0) break;
     setup(blk, k);
+    const uint32_t q_base = sQ + qs * L::QBYTES + wg * 64 * 128; /* this warpgroup's Q rows */
     float o[D / 8][4];
 #pragma unroll
     for (int jj = 0; jj < D / 8; ++jj)
@@ -411,7 +424,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       ++i;
     });
     if (S::OVERLAP && pend >= 0) pv_now(pend, pend_i); /* the last tile's product */
-    mbar_arrive(q_empty); /* the producer may load Q and write the slot again */
+    mbar_arrive(q_empty(qs)); /* the producer may load Q and write the slot again */
 
     float *lse_row = p.lse + k.sv.lse0 + k.h * k.sv.lse_hs + k.r0;
     T *o_blk = (T *)p.o + k.sv.qb * p.o_sb + (k.sv.q0 + k.r0) * p.o_ss + k.h * p.o_sh;
@@ -446,7 +459,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       }
       continue;
     }
-    /* Normalise, write lse, stage O (row stride D + 8) through shared memory
+    /* Normalise, write lse, stage O (stage_o_at) through shared memory
      * and store it. With two warpgroups each stages and stores its own 64
      * rows between barriers of its own (4 + wg): one warpgroup's epilogue
      * then runs under the other's last products instead of waiting for them
@@ -465,12 +478,12 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       if (t == 0 && lr < k.rows) lse_row[lr] = lse;
 #pragma unroll
       for (int jj = 0; jj < D / 8; ++jj)
-        *reinterpret_cast<uint32_t *>(sO + lr * LD + jj * 8 + 2 * t) =
+        *reinterpret_cast<uint32_t *>(sO + stage_o_at<D>(lr, jj) + 2 * t) =
             pack2<T>(o[jj][2 * rr] * inv, o[jj][2 * rr + 1] * inv);
     }
     named_sync(bar, ET);
-    store_tile<T, ER, D, ET>(o_blk + er0 * p.o_ss, p.o_ss, sO + er0 * LD, k.rows - er0, p.d,
-                             OWN ? ctid & 127 : ctid);
+    store_tile<T, ER, D, ET, true>(o_blk + er0 * p.o_ss, p.o_ss, sO + er0 * D, k.rows - er0, p.d,
+                                   OWN ? ctid & 127 : ctid);
   }
 #endif
 }

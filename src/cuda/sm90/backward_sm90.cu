@@ -20,7 +20,8 @@
  *                                         map) into the float32 dQ accumulator
  * (Element-wise float atomics for dQ halved the kernel's speed: 277 against
  * 538 TFLOP/s with them left out, D = 128 on an H200.)
- * At D = 256 (BwdShape::COLS) both warpgroups take the same 64 keys, each
+ * Above D = 128 (BwdShape::COLS; 129-192 padded to 256) both warpgroups
+ * take the same 64 keys, each
  * owning 128 of the columns of dK, dV and dQ, and each computes the whole
  * S^T and dP^T. Plain score path (block masks as in the forward), padded
  * head dims 64, 128 and 256, not deterministic. */

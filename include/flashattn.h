@@ -98,6 +98,16 @@ typedef struct fa_params {
   const int32_t *cu_seqlens_k;
   int64_t num_seqs;
 
+  /* KV cache: when seqused_k is non-NULL, sequence s (batch entry s, or
+   * varlen sequence s) attends to only the first seqused_k[s] of its keys,
+   * 0 <= seqused_k[s] <= its key count (k's seqlen, or its cu_seqlens_k
+   * span). Keys past it are never read (they may hold anything, NaN
+   * included), their dK, dV rows are left as they were, and the masks and
+   * ALiBi take seqused_k[s] as the sequence's Nk (a causal mask stays aligned
+   * to the last used key). int32, one per sequence, in the device's memory.
+   * CPU backend only for now (CUDA: FA_ERR_UNSUPPORTED). */
+  const int32_t *seqused_k;
+
   /* Dropout on the attention probabilities: each element of P is kept with
    * probability 1 - dropout_p (and scaled by 1 / (1 - dropout_p)) by a
    * Philox4x32-10 draw indexed by (sequence, query head, row, column),

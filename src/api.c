@@ -294,6 +294,20 @@ static fa_status check_params(const fa_params *p, const fa_tensor *q, const fa_t
       }
     }
   }
+  if (p->seqused_k) {
+    if (p->device != FA_DEVICE_CPU)
+      return fa_set_error(FA_ERR_UNSUPPORTED,
+                          "params.seqused_k: the CUDA backend does not take a KV cache's used "
+                          "lengths yet (the CPU backend does)");
+    const int64_t ns = p->cu_seqlens_q ? p->num_seqs : q->batch;
+    for (int64_t s = 0; s < ns; s++) {
+      const int64_t len =
+          p->cu_seqlens_k ? p->cu_seqlens_k[s + 1] - p->cu_seqlens_k[s] : k->seqlen;
+      if (p->seqused_k[s] < 0 || p->seqused_k[s] > len)
+        return FA_INVALID("params.seqused_k[%lld] = %d is outside [0, %lld], the sequence's keys",
+                          (long long)s, (int)p->seqused_k[s], (long long)len);
+    }
+  }
   if (p->workspace && p->workspace_bytes == 0)
     return FA_INVALID("params.workspace given with workspace_bytes 0");
   return FA_OK;
@@ -355,6 +369,11 @@ static fa_status make_problem(fa_pass pass, const fa_params *p, const fa_tensor 
     pb->total_q = q->batch * q->seqlen;
     pb->max_seqlen_q = q->seqlen;
     pb->max_seqlen_k = k->seqlen;
+  }
+  if (p->seqused_k) { /* the keys read (check_params: a CPU problem's, in range) */
+    pb->max_seqlen_k = 0;
+    for (int64_t s = 0; s < pb->batch; s++)
+      if (p->seqused_k[s] > pb->max_seqlen_k) pb->max_seqlen_k = p->seqused_k[s];
   }
   if (p->block_mask)
     pb->block_mask_stride_row = p->block_mask_stride_row

@@ -116,6 +116,7 @@ typedef struct ecfg {
   int bq, bk; /* block sizes */
   int nseq;
   int lq[3], lk[3];
+  int kv, used[3]; /* kv: a KV cache, sequence s using used[s] of its keys (seqused_k) */
 } ecfg;
 
 typedef struct ebufs {
@@ -138,7 +139,11 @@ static void eseq(const ecfg *c, int s, int *b, int *q0, int *nq, int *k0, int *n
   } else {
     *b = s, *q0 = 0, *k0 = 0, *nq = c->nq, *nk = c->nk;
   }
+  if (c->kv) *nk = c->used[s];
 }
+
+/* Sequence s's key rows in the tensors (its KV cache's capacity). */
+static int ecap(const ecfg *c, int s) { return c->nseq ? c->lk[s] : c->nk; }
 
 static int ext_visible(const ecfg *c, const ebufs *e, int s, int h, int nq, int nk, int i, int j) {
   if (c->causal && j > i + nk - nq) return 0;
@@ -268,6 +273,8 @@ static void t_ext_case(const void *arg) {
   p.dropout_seed = seed;
   p.dropout_offset = seed * 3;
   if (c->nseq) p.cu_seqlens_q = cuq, p.cu_seqlens_k = cuk, p.num_seqs = c->nseq;
+  int32_t used[3] = {c->used[0], c->used[1], c->used[2]};
+  if (c->kv) p.seqused_k = used;
   if (c->block) {
     size_t nbm = (size_t)((c->block == 2 ? 1 : S * H) * e.nbq * e.nbk);
     e.bm = malloc(nbm);
@@ -297,6 +304,14 @@ static void t_ext_case(const void *arg) {
     memset(dk, 0xFF, nk_el * tu_esize(c->dt));
     memset(dv, 0xFF, nk_el * tu_esize(c->dt));
     memset(lse, 0xFF, sizeof(float) * nlse);
+    /* KV cache: the keys past each sequence's used ones hold NaN (never read) */
+    for (int s = 0; c->kv && s < S; s++) {
+      int b, q0, nq, k0, nk;
+      eseq(c, s, &b, &q0, &nq, &k0, &nk);
+      for (size_t x = (((size_t)b * Nk + k0 + nk) * Hk) * D;
+           x < (((size_t)b * Nk + k0 + ecap(c, s)) * Hk) * D; x++)
+        tu_store(k, c->dt, x, NAN), tu_store(v, c->dt, x, NAN);
+    }
     fa_tensor tq = fa_tensor_bnhd(q, c->dt, B, Nq, H, D),
               tk = fa_tensor_bnhd(k, c->dt, B, Nk, Hk, D);
     fa_tensor tv = fa_tensor_bnhd(v, c->dt, B, Nk, Hk, D),
@@ -321,6 +336,20 @@ static void t_ext_case(const void *arg) {
                    {"dV", dv, rdv, nk_el}};
       for (int t = 0; t < 4; t++) {
         from_dtype(got, outs[t].m, outs[t].n, c->dt);
+        /* KV cache: dK, dV rows past the used keys stay as they were (poison) */
+        for (int s = 0; c->kv && t >= 2 && s < S; s++) {
+          int b, q0, nq, k0, nk;
+          eseq(c, s, &b, &q0, &nq, &k0, &nk);
+          for (size_t x = (((size_t)b * Nk + k0 + nk) * Hk) * D;
+               x < (((size_t)b * Nk + k0 + ecap(c, s)) * Hk) * D; x++) {
+            if (!isnan(got[x])) {
+              tr_fail("%s %s: row past seqused_k written", tu_algo_name(p.algorithm),
+                      outs[t].name);
+              break;
+            }
+            got[x] = 0; /* as the reference's */
+          }
+        }
         double err = rel_err(got, outs[t].ref, outs[t].n);
         if (!(err <= tol))
           tr_fail("%s %s: relative error %.3g > %.3g", tu_algo_name(p.algorithm), outs[t].name, err,
@@ -427,8 +456,16 @@ static void t_ext_validation(const void *arg) {
     const char *what, *field;
     fa_status want;
     fa_params p;
-  } cases[9];
+  } cases[11];
   int n = 0;
+  static const int32_t bad_used[2] = {N + 1, -1}; /* one sequence of N keys */
+  for (int t = 0; t < 2; t++) {
+    memset(&cases[n], 0, sizeof cases[n]);
+    cases[n].what = "seqused_k outside [0, seqlen_k]", cases[n].field = "seqused_k";
+    cases[n].want = FA_ERR_INVALID_ARGUMENT;
+    cases[n].p.seqused_k = &bad_used[t];
+    n++;
+  }
   const float bad_p[3] = {1.0f, -0.1f, NAN};
   for (int t = 0; t < 3; t++) {
     memset(&cases[n], 0, sizeof cases[n]);
@@ -484,6 +521,15 @@ static void t_ext_validation(const void *arg) {
         break;
       }
   }
+  { /* the CUDA backend refuses a KV cache's used lengths, with or without a GPU */
+    fa_params p = {0};
+    const int32_t used = 3;
+    p.device = FA_DEVICE_CUDA, p.seqused_k = &used;
+    fa_status st = fa_forward(&p, &tq, &tk, &tv, &to, NULL);
+    if (st != FA_ERR_UNSUPPORTED || !strstr(fa_last_error(), "seqused_k"))
+      tr_fail("seqused_k on CUDA: status %s (%s), want FA_ERR_UNSUPPORTED naming seqused_k",
+              fa_status_string(st), fa_last_error());
+  }
   free(x);
 }
 
@@ -500,13 +546,13 @@ void register_extension_tests(void) {
   char name[128];
   for (int t = 0; t < 3; t++) {
     const char *dn = tu_dtype_name(dts[t]);
-    ecfg c = {dts[t], 2, 4, 2, 37, 45, 16, 0, 0.3f, 0, 8, 8, 0, {0}, {0}};
+    ecfg c = {dts[t], 2, 4, 2, 37, 45, 16, 0, 0.3f, 0, 8, 8, 0, {0}, {0}, 0, {0}};
     snprintf(name, sizeof name, "extensions/dropout/%s/gqa/nq37-nk45", dn);
     ext_add(name, &c);
     c.causal = 1, c.nq = 45, c.nk = 37;
     snprintf(name, sizeof name, "extensions/dropout/%s/gqa/causal/nq45-nk37", dn);
     ext_add(name, &c);
-    ecfg b = {dts[t], 2, 3, 3, 41, 50, 16, 0, 0, 1, 8, 16, 0, {0}, {0}};
+    ecfg b = {dts[t], 2, 3, 3, 41, 50, 16, 0, 0, 1, 8, 16, 0, {0}, {0}, 0, {0}};
     snprintf(name, sizeof name, "extensions/block/%s/per-head/bq8-bk16", dn);
     ext_add(name, &b);
     b.block = 2, b.causal = 1, b.bq = 16, b.bk = 8;
@@ -516,21 +562,35 @@ void register_extension_tests(void) {
     snprintf(name, sizeof name, "extensions/block+dropout/%s/empty-rows/bq5-bk7", dn);
     ext_add(name, &b);
     /* many tiles: whole-tile skips (aligned blocks) and per-element masks (not aligned) */
-    ecfg big = {dts[t], 1, 2, 1, 300, 333, 32, 0, 0, 1, 64, 64, 0, {0}, {0}};
+    ecfg big = {dts[t], 1, 2, 1, 300, 333, 32, 0, 0, 1, 64, 64, 0, {0}, {0}, 0, {0}};
     snprintf(name, sizeof name, "extensions/block/%s/n300-333/bq64-bk64", dn);
     ext_add(name, &big);
     big.causal = 1, big.p = 0.1f, big.bq = 48, big.bk = 80;
     snprintf(name, sizeof name, "extensions/block+dropout/%s/n300-333/causal/bq48-bk80", dn);
     ext_add(name, &big);
     /* decode shapes (the CPU's split-K path): one and three query rows, GQA */
-    ecfg d = {dts[t], 2, 4, 2, 1, 1100, 16, 0, 0.3f, 0, 8, 8, 0, {0}, {0}};
+    ecfg d = {dts[t], 2, 4, 2, 1, 1100, 16, 0, 0.3f, 0, 8, 8, 0, {0}, {0}, 0, {0}};
     snprintf(name, sizeof name, "extensions/dropout/%s/decode/nq1-nk1100", dn);
     ext_add(name, &d);
     d.nq = 3, d.causal = 1, d.p = 0.2f, d.block = 1, d.bq = 2, d.bk = 48;
     snprintf(name, sizeof name, "extensions/block+dropout/%s/decode/causal/nq3-nk1100", dn);
     ext_add(name, &d);
-    ecfg v = {dts[t], 1, 2, 1, 0, 0, 16, 1, 0.25f, 1, 4, 4, 3, {9, 0, 14}, {12, 5, 6}};
+    ecfg v = {dts[t], 1, 2, 1, 0, 0, 16, 1, 0.25f, 1, 4, 4, 3, {9, 0, 14}, {12, 5, 6}, 0, {0}};
     snprintf(name, sizeof name, "extensions/block+dropout/%s/varlen/causal", dn);
     ext_add(name, &v);
+    /* KV caches (seqused_k): NaN past the used keys; decode (the CPU's split-K
+     * path, GQA), prefill-style rows, varlen, with dropout and block masks */
+    ecfg kv = {dts[t], 3, 4, 2, 1, 1100, 16, 1, 0, 0, 8, 8, 0, {0}, {0}, 1, {700, 1100, 0}};
+    snprintf(name, sizeof name, "extensions/kvcache/%s/decode/causal/used700-1100-0", dn);
+    ext_add(name, &kv);
+    kv.nq = 13, kv.nk = 90, kv.used[0] = 57, kv.used[1] = 13, kv.used[2] = 90, kv.p = 0.2f;
+    snprintf(name, sizeof name, "extensions/kvcache+dropout/%s/nq13/causal/used57-13-90", dn);
+    ext_add(name, &kv);
+    kv.block = 1, kv.bq = 4, kv.bk = 16, kv.causal = 0;
+    snprintf(name, sizeof name, "extensions/kvcache+block+dropout/%s/nq13/used57-13-90", dn);
+    ext_add(name, &kv);
+    ecfg kvv = {dts[t], 1, 2, 1, 0, 0, 16, 1, 0, 0, 4, 4, 3, {9, 0, 14}, {40, 5, 60}, 1, {7, 5, 0}};
+    snprintf(name, sizeof name, "extensions/kvcache/%s/varlen/causal/used7-5-0", dn);
+    ext_add(name, &kvv);
   }
 }

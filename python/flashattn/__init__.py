@@ -37,7 +37,8 @@ except ImportError:  # torch-only use
 __all__ = [
     "flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
     "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
-    "flash_attn_varlen_kvpacked_func", "scaled_dot_product_attention", "backward",
+    "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache",
+    "scaled_dot_product_attention", "backward",
     "FlashAttnError", "Status", "DType", "Device", "Algorithm", "version",
     "device_available", "cuda_available", "LIBRARY_PATH",
 ]
@@ -101,6 +102,60 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     algorithm, block_size)
     out, lse = _attention(q, k, v, None, None, alibi_slopes, block_mask, opts)
     return _result(out, lse, return_attn_probs)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            alibi_slopes=None, return_softmax_lse=False, *, algorithm="flash2"):
+    """Attention against a KV cache, for inference (no gradient).
+
+    q: (batch, seqlen_q, nheads, headdim); k_cache, v_cache: (batch, seqlen_cache,
+    nheads_k, headdim), of which sequence b uses its first cache_seqlens[b] keys
+    (an int, or an int32 array/tensor (batch,); None: the whole cache). k, v: optional
+    (batch, seqlen_new, nheads_k, headdim), written into the caches in place at rows
+    cache_seqlens[b]... first, and attended to as well. Keys past the used ones are
+    never read. causal aligns the last query row with the last used key. Returns out
+    (like q), or (out, softmax_lse (batch, nheads, seqlen_q)) with return_softmax_lse.
+    The CPU backend runs it; the CUDA backend does not take used lengths yet
+    (FlashAttnError, FA_ERR_UNSUPPORTED).
+    """
+    kind = _kind(q)
+    B, cap = q.shape[0], k_cache.shape[1]
+    if cache_seqlens is None:
+        used = [cap] * B
+    elif isinstance(cache_seqlens, int):
+        used = [cache_seqlens] * B
+    else:
+        used = [int(x) for x in (cache_seqlens.tolist() if hasattr(cache_seqlens, "tolist")
+                                 else cache_seqlens)]
+    if len(used) != B:
+        raise ValueError("cache_seqlens must have batch_size = %d entries, got %d"
+                         % (B, len(used)))
+    if (k is None) != (v is None):
+        raise ValueError("k and v must be given together")
+    if k is not None:
+        n = k.shape[1]
+        for b in range(B):
+            if not 0 <= used[b] <= cap - n:
+                raise ValueError("cache row %d: %d used + %d new keys exceed the cache's %d"
+                                 % (b, used[b], n, cap))
+            k_cache[b, used[b]:used[b] + n] = k[b]
+            v_cache[b, used[b]:used[b] + n] = v[b]
+        used = [u + n for u in used]
+    opts = _options(0.0, softmax_scale, causal, window_size, softcap, False, algorithm, None)
+    if kind == "torch":
+        A, dev = _torch.A, q.device
+        seqused = _torch_pkg.tensor(used, dtype=_torch_pkg.int32, device=dev)
+        stream, threads = _torch._stream_and_threads(q)
+        opts.num_threads = threads
+        with _torch_pkg.no_grad():
+            out, lse = _core.forward(A, q, k_cache, v_cache, opts, None, None, alibi_slopes,
+                                     None, stream, seqused)
+    else:
+        seqused = _np.asarray(used, dtype=_np.int32)
+        out, lse = _core.forward(_NumpyAdapter, q, k_cache, v_cache, opts, None, None,
+                                 alibi_slopes, None, None, seqused)
+    return (out, lse) if return_softmax_lse else out
 
 
 def _unbind(x, n, axis, name, layout):

@@ -213,7 +213,8 @@ def descriptor(A, x, dt, varlen):
     return _lib.make_tensor(A.ptr(x), dt, shape, st[:3])
 
 
-def _prepare(A, q, k, v, opts, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask, stream):
+def _prepare(A, q, k, v, opts, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask, stream,
+             seqused_k=None):
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")
@@ -284,6 +285,13 @@ def _prepare(A, q, k, v, opts, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_m
         p.block_mask_stride_batch = 0 if sh[0] == 1 else sh[1] * sh[2] * sh[3]
         p.block_mask = A.ptr(m)
         keep.append(m)
+    if seqused_k is not None:
+        u = _aux(A, seqused_k, "seqused_k", dev, "int32")
+        if tuple(A.shape(u)) != (num_seqs,):
+            raise ValueError("seqused_k must have shape (batch_size,) = (%d,), got %s"
+                             % (num_seqs, tuple(A.shape(u))))
+        p.seqused_k = A.ptr(u)
+        keep.append(u)
     return p, dt, dev, varlen, keep
 
 
@@ -300,11 +308,12 @@ def _empty_problem(A, q, k, varlen):
 
 
 def forward(A, q, k, v, opts, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None,
-            block_mask=None, stream=None):
+            block_mask=None, stream=None, seqused_k=None):
     """Returns (out, lse): out like q, lse float32 (batch, heads, seqlen_q) or, for
-    variable-length batches, (heads, total_q)."""
+    variable-length batches, (heads, total_q). seqused_k: int32 (batch,), the keys each
+    sequence uses (a KV cache)."""
     p, dt, dev, varlen, keep = _prepare(A, q, k, v, opts, cu_seqlens_q, cu_seqlens_k,
-                                        alibi_slopes, block_mask, stream)
+                                        alibi_slopes, block_mask, stream, seqused_k)
     out = A.empty_like(q)
     lse = A.empty(lse_shape(A.shape(q), varlen), "float32", q)
     empty = _empty_problem(A, q, k, varlen)

@@ -83,6 +83,7 @@ class FaParams(ctypes.Structure):
         ("cu_seqlens_q", ctypes.c_void_p),
         ("cu_seqlens_k", ctypes.c_void_p),
         ("num_seqs", ctypes.c_int64),
+        ("seqused_k", ctypes.c_void_p),
         ("dropout_p", ctypes.c_float),
         ("dropout_seed", ctypes.c_uint64),
         ("dropout_offset", ctypes.c_uint64),

@@ -31,6 +31,7 @@ typedef struct bench_opts {
   int block_sparse;     /* --block-sparse given: a block mask of block_density */
   double block_density; /* block-sparse: share of visible blocks (0: all hidden) */
   int64_t block_size;   /* block-sparse: rows and keys per block */
+  int64_t kv_used;      /* --kv-used: keys each sequence uses of a seqlen_k KV cache (0: all) */
   bench_layout layout;
   int repeat, warmup;
   double max_time; /* seconds a case may spend in runs before it stops early; 0: no limit */

@@ -18,6 +18,7 @@ static const char *const TENSOR_NAMES[N_TENSORS] = {"q", "k", "v", "o", "dout", 
 typedef struct bench_env {
   const bench_opts *o;
   uint8_t *block_mask; /* device memory, (B, H, query blocks, key blocks); NULL: dense */
+  int32_t *kv_used;    /* device memory, batch entries of --kv-used; NULL: no KV cache */
   void *stream;        /* CUDA stream, NULL on the CPU */
   size_t mem_limit;    /* bytes a case may allocate */
 } bench_env;
@@ -92,6 +93,7 @@ static fa_params make_params(const bench_env *e, fa_algorithm impl) {
         p.block_mask_stride_row * ((o->seqlen + o->block_size - 1) / o->block_size);
     p.block_mask_stride_batch = p.block_mask_stride_head * o->heads;
   }
+  p.seqused_k = e->kv_used;
   p.num_threads = o->device == FA_DEVICE_CPU ? o->threads : 0;
   p.stream = e->stream;
   return p;
@@ -295,6 +297,18 @@ static int make_block_mask(const bench_opts *o, bench_env *e) {
   return rc;
 }
 
+/* --kv-used: every sequence uses that many keys of its cache. */
+static int make_kv_used(const bench_opts *o, bench_env *e) {
+  const size_t bytes = sizeof(int32_t) * (size_t)o->batch;
+  int32_t *host = malloc(bytes);
+  if (!host) return -1;
+  for (int64_t b = 0; b < o->batch; b++) host[b] = (int32_t)o->kv_used;
+  e->kv_used = bench_alloc(o->device, bytes);
+  const int rc = e->kv_used ? bench_copy_to_device(o->device, e->kv_used, host, bytes) : -1;
+  free(host);
+  return rc;
+}
+
 /* The peak, when asked for: measured on the CPU only. */
 static void peak_if_asked(const bench_opts *o, bench_peak *peak) {
   if (!o->peak) return;
@@ -321,13 +335,17 @@ int main(int argc, char **argv) {
   peak_if_asked(&o, &peak);
   if (o.peak_only) return 0;
 
-  bench_env env = {&o, NULL, NULL, bench_memory_limit(o.device)};
+  bench_env env = {&o, NULL, NULL, NULL, bench_memory_limit(o.device)};
   if (bench_stream_create(o.device, &env.stream)) {
     fprintf(stderr, PROG ": cannot create a stream: %s\n", bench_device_error());
     return 1;
   }
   if (o.block_sparse && make_block_mask(&o, &env)) {
     fprintf(stderr, PROG ": cannot make the block mask: %s\n", bench_device_error());
+    return 1;
+  }
+  if (o.kv_used && make_kv_used(&o, &env)) {
+    fprintf(stderr, PROG ": cannot make the KV cache lengths: %s\n", bench_device_error());
     return 1;
   }
   bench_result results[BENCH_MAX_PASSES * BENCH_MAX_IMPLS];
@@ -343,6 +361,7 @@ int main(int argc, char **argv) {
     }
   bench_print_summary(&o, results, n);
   bench_free(o.device, env.block_mask);
+  bench_free(o.device, env.kv_used);
   bench_stream_destroy(o.device, env.stream);
   return failed ? 1 : 0;
 }

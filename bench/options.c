@@ -166,6 +166,7 @@ SIZE_OPT(opt_heads, heads, 1, INT32_MAX)
 SIZE_OPT(opt_kv_heads, kv_heads, 1, INT32_MAX)
 SIZE_OPT(opt_seqlen, seqlen, 1, INT32_MAX)
 SIZE_OPT(opt_seqlen_k, seqlen_k, 1, INT32_MAX)
+SIZE_OPT(opt_kv_used, kv_used, 1, INT32_MAX)
 SIZE_OPT(opt_headdim, headdim, 1, FA_MAX_HEADDIM)
 #undef SIZE_OPT
 
@@ -323,6 +324,9 @@ static const opt_def OPTS[] = {
      "key/value heads Hk, a divisor of H: GQA/MQA\n(default: H)"},
     {"--seqlen", "N", TAKES_VALUE, opt_seqlen, "query sequence length Nq (default: 512)"},
     {"--seqlen-k", "N", TAKES_VALUE, opt_seqlen_k, "key sequence length Nk (default: Nq)"},
+    {"--kv-used", "N", TAKES_VALUE, opt_kv_used,
+     "K/V is a cache of Nk rows of which each sequence uses the first N (params.seqused_k); "
+     "FLOP/s count N keys"},
     {"--headdim", "N", TAKES_VALUE, opt_headdim, "head dimension D (default: 64)"},
     {"--dtype", "f32|f16|bf16", TAKES_VALUE, opt_dtype,
      "storage type (default: f32 on cpu, f16 on cuda)"},
@@ -425,6 +429,11 @@ static int resolve(parse_state *s) {
   bench_opts *o = s->o;
   if (!o->kv_heads) o->kv_heads = o->heads;
   if (!o->seqlen_k) o->seqlen_k = o->seqlen;
+  if (o->kv_used > o->seqlen_k) {
+    fprintf(stderr, PROG ": --kv-used %lld exceeds --seqlen-k %lld\n", (long long)o->kv_used,
+            (long long)o->seqlen_k);
+    return -1;
+  }
   if (o->heads % o->kv_heads) {
     fprintf(stderr, PROG ": --kv-heads %lld must divide --heads %lld\n", (long long)o->kv_heads,
             (long long)o->heads);

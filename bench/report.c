@@ -12,7 +12,7 @@ static const double MIB = 1024.0 * 1024.0;
  * with Nq == Nk counts half the square, as the papers do; otherwise (windows,
  * causal with Nq != Nk: bottom-right aligned) the exact count. */
 static double visible_pairs(const bench_opts *o) {
-  const int64_t nq = o->seqlen, nk = o->seqlen_k;
+  const int64_t nq = o->seqlen, nk = o->kv_used ? o->kv_used : o->seqlen_k;
   if (!o->window_enabled && (!o->causal || nq == nk))
     return o->causal ? 0.5 * (double)nq * (double)nk : (double)nq * (double)nk;
   double pairs = 0;
@@ -96,6 +96,7 @@ static void json_result(const bench_opts *o, const bench_peak *peak, const bench
   printf(",\"block_density\":");
   json_number(o->block_density);
   printf(",\"block_size\":%lld", (long long)(o->block_sparse ? o->block_size : 0));
+  printf(",\"kv_used\":%lld", (long long)o->kv_used);
   printf(",\"status\":\"%s\",\"ms\":", status_name(r->status));
   json_number(ok ? r->ms : NAN);
   printf(",\"ms_min\":");
@@ -134,6 +135,7 @@ void bench_print_header(const bench_opts *o, const bench_peak *peak) {
     printf(", window (%lld, %lld)", (long long)o->window_left, (long long)o->window_right);
   if (o->softcap > 0) printf(", softcap %g", o->softcap);
   if (o->dropout > 0) printf(", dropout %g", o->dropout);
+  if (o->kv_used) printf(", KV cache: %lld of its keys used", (long long)o->kv_used);
   if (o->block_sparse)
     printf(", block-sparse %g of %lldx%lld blocks", o->block_density, (long long)o->block_size,
            (long long)o->block_size);

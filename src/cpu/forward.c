@@ -104,7 +104,8 @@ static fwd_sched fwd_schedule(const cpu_ctx *c) {
  * and, where a row's heads lie apart (head-major), K/V head. Within a block
  * the reads go in address order: with heads inner (BNHD) every row's heads
  * one after another, where packing head by head read rows a head-stride
- * apart, each on its own page (D=64 f32 causal forward: 2.6% of the time). */
+ * apart, each on its own page (D=64 f32 causal forward: 2.6% of the time).
+ * A fixed-length batch's KV cache (seqused_k) packs only its used rows. */
 static void fwd_prepack(const cpu_ctx *c, float *pack, int nt) {
   const fa_problem *pb = c->pb;
   const int64_t S = pb->k.seqlen, rows = fwd_pack_rows(pb), blk = 512, Hk = pb->heads_k;
@@ -117,7 +118,10 @@ static void fwd_prepack(const cpu_ctx *c, float *pack, int nt) {
                 vs = pb->v.stride_seq * (int64_t)c->esize;
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t w = 0; w < units; w++) {
-    const int64_t kb = w / nblk % pb->k.batch, r0 = w % nblk * blk, nr = cpu_min(blk, S - r0);
+    const int64_t kb = w / nblk % pb->k.batch, r0 = w % nblk * blk;
+    const int32_t *used = pb->varlen ? NULL : pb->params->seqused_k;
+    const int64_t nr = cpu_min(blk, (used ? used[kb] : S) - r0);
+    if (nr <= 0) continue;
     const int64_t h0 = heads_inner ? 0 : w / (pb->k.batch * nblk), h1 = heads_inner ? Hk : h0 + 1;
     const int64_t step = heads_inner ? 1 : nr; /* rows per load */
     for (int64_t r = r0; r < r0 + nr; r += step)

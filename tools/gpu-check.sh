@@ -6,8 +6,9 @@
 # the decode shapes: tools/bench_decode.py), tables last. On Hopper test_cuda
 # runs three times: as is, with FLASHATTN_CUDA_WGMMA=strict (the Hopper
 # kernels, no fallback) and with FLASHATTN_CUDA_WGMMA=0 (every case on the
-# sm_80 kernels, as an A100 runs them; --no-sm80 skips it). Logs and JSON go to $OUT (the device tool's output folder) or
-# build-gpu/out; the *.log files end up in one $OUT/logs.tgz.
+# sm_80 kernels, as an A100 runs them; --no-sm80 skips it). Logs and JSON go
+# to $OUT (the device tool's output folder) or build-gpu/out; the *.log files
+# end up in one $OUT/logs.tgz.
 # Usage: tools/gpu-check.sh [--no-test] [--no-sm80] [--no-sanitize] [--no-bench] [--quick-bench]
 #          [--fwd-only | --bwd-only] [--no-mem] [--tune NAME=FLAGS]... [--experiments]
 #          [--prebuilt=TARBALL] [--build-only]

@@ -62,10 +62,8 @@ static inline fa_seq fa_problem_seq(const fa_problem *pb, int64_t s) {
     r.lse0 = s * pb->heads_q * pb->q.seqlen;
     r.lse_head_stride = pb->q.seqlen;
   }
-  if (pb->params->seqused_k) { /* a KV cache's used keys (api.c checked the range) */
-    const int64_t used = pb->params->seqused_k[s];
-    if (used < r.nk) r.nk = used > 0 ? used : 0;
-  }
+  /* a KV cache's used keys (api.c checked 0 <= seqused_k[s] <= r.nk) */
+  if (pb->params->seqused_k) r.nk = pb->params->seqused_k[s];
   return r;
 }
 

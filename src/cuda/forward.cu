@@ -63,7 +63,8 @@ using fa::rows_aligned;
  * where one head's query rows would leave a 128-row block part empty, so the
  * group's K/V tiles are read once instead of once per head (decode: the K/V
  * stream is the whole cost). The Hopper kernel's decode variant takes it
- * (the sm_80 kernel ignores it); not under block masks (given per head). */
+ * (the sm_80 kernel ignores it and packs through gqa_as_rows); not under
+ * block masks (given per head). */
 static int fwd_pack(const fa_problem *pb) {
   const fa_params *pr = pb->params;
   const int64_t g = pb->group;

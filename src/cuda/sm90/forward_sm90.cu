@@ -459,13 +459,14 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       }
       continue;
     }
-    /* Normalise, write lse, stage O (stage_o_at) through shared memory
-     * and store it. With two warpgroups each stages and stores its own 64
-     * rows between barriers of its own (4 + wg): one warpgroup's epilogue
-     * then runs under the other's last products instead of waiting for them
+    /* Normalise, write lse, stage O (stage_o_at) through shared memory and
+     * store it. With two warpgroups each stages and stores its own 64 rows
+     * between barriers of its own (4 + wg): one warpgroup's epilogue then
+     * runs under the other's last products instead of waiting for them
      * (D = 128: +2-4% causal at 512-2048 keys). Three (D = 64) keep
-     * block-wide ones: their own were 2.5% slower at 512 keys (docs/PERF.md). The first
-     * barrier: every thread of the group is done storing its previous rows. */
+     * block-wide ones: their own were 2.5% slower at 512 keys (docs/PERF.md).
+     * The first barrier: every thread of the group is done storing its
+     * previous rows. */
     constexpr bool OWN = S::NWG == 2;
     constexpr int ER = OWN ? 64 : BR, ET = OWN ? 128 : NC;
     const int bar = OWN ? 4 + wg : 1, er0 = OWN ? wg * 64 : 0;

@@ -104,8 +104,9 @@ typedef struct fa_params {
    * span). Keys past it are never read (they may hold anything, NaN
    * included), their dK, dV rows are left as they were, and the masks and
    * ALiBi take seqused_k[s] as the sequence's Nk (a causal mask stays aligned
-   * to the last used key). int32, one per sequence, in the device's memory.
-   * CPU backend only for now (CUDA: FA_ERR_UNSUPPORTED). */
+   * to the last used key). int32, one per sequence, in the device's memory
+   * (on CUDA, where the host does not read it, values outside the range are
+   * clamped to it). */
   const int32_t *seqused_k;
 
   /* Dropout on the attention probabilities: each element of P is kept with

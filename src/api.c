@@ -294,11 +294,7 @@ static fa_status check_params(const fa_params *p, const fa_tensor *q, const fa_t
       }
     }
   }
-  if (p->seqused_k) {
-    if (p->device != FA_DEVICE_CPU)
-      return fa_set_error(FA_ERR_UNSUPPORTED,
-                          "params.seqused_k: the CUDA backend does not take a KV cache's used "
-                          "lengths yet (the CPU backend does)");
+  if (p->seqused_k && p->device == FA_DEVICE_CPU) { /* device memory is not read here */
     const int64_t ns = p->cu_seqlens_q ? p->num_seqs : q->batch;
     for (int64_t s = 0; s < ns; s++) {
       const int64_t len =
@@ -370,7 +366,7 @@ static fa_status make_problem(fa_pass pass, const fa_params *p, const fa_tensor 
     pb->max_seqlen_q = q->seqlen;
     pb->max_seqlen_k = k->seqlen;
   }
-  if (p->seqused_k) { /* the keys read (check_params: a CPU problem's, in range) */
+  if (p->seqused_k && p->device == FA_DEVICE_CPU) { /* the keys read (checked in range) */
     pb->max_seqlen_k = 0;
     for (int64_t s = 0; s < pb->batch; s++)
       if (p->seqused_k[s] > pb->max_seqlen_k) pb->max_seqlen_k = p->seqused_k[s];

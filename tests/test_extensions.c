@@ -343,8 +343,7 @@ static void t_ext_case(const void *arg) {
           for (size_t x = (((size_t)b * Nk + k0 + nk) * Hk) * D;
                x < (((size_t)b * Nk + k0 + ecap(c, s)) * Hk) * D; x++) {
             if (!isnan(got[x])) {
-              tr_fail("%s %s: row past seqused_k written", tu_algo_name(p.algorithm),
-                      outs[t].name);
+              tr_fail("%s %s: row past seqused_k written", tu_algo_name(p.algorithm), outs[t].name);
               break;
             }
             got[x] = 0; /* as the reference's */
@@ -520,15 +519,6 @@ static void t_ext_validation(const void *arg) {
         tr_fail("%s: the output was written", cases[t].what);
         break;
       }
-  }
-  { /* the CUDA backend refuses a KV cache's used lengths, with or without a GPU */
-    fa_params p = {0};
-    const int32_t used = 3;
-    p.device = FA_DEVICE_CUDA, p.seqused_k = &used;
-    fa_status st = fa_forward(&p, &tq, &tk, &tv, &to, NULL);
-    if (st != FA_ERR_UNSUPPORTED || !strstr(fa_last_error(), "seqused_k"))
-      tr_fail("seqused_k on CUDA: status %s (%s), want FA_ERR_UNSUPPORTED naming seqused_k",
-              fa_status_string(st), fa_last_error());
   }
   free(x);
 }

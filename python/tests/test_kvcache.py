@@ -91,8 +91,12 @@ def test_torch_cpu():
 
 
 @pytest.mark.skipif(torch is None or not flashattn.cuda_available(), reason="needs a GPU")
-def test_cuda_refuses():
-    q = torch.randn(1, 1, 2, 64, device="cuda", dtype=torch.float16)
-    kc = torch.randn(1, 16, 2, 64, device="cuda", dtype=torch.float16)
-    with pytest.raises(flashattn.FlashAttnError, match="seqused_k"):
-        flashattn.flash_attn_with_kvcache(q, kc, kc.clone(), cache_seqlens=4)
+def test_cuda_matches_reference():
+    used = [900, 1, 0]
+    q, kc, vc = _cache(3, 1, 1024, 8, 2, 128, used)
+    tq, tk, tv = (torch.from_numpy(x).to("cuda", torch.float16) for x in (q, kc, vc))
+    out = flashattn.flash_attn_with_kvcache(tq, tk, tv, cache_seqlens=torch.tensor(used),
+                                            causal=True)
+    rout, _ = _reference(tq.double().cpu().numpy(), tk.double().cpu().numpy(),
+                         tv.double().cpu().numpy(), used, causal=True)
+    assert_close(out.double().cpu().numpy(), rout, 2e-3, "out")

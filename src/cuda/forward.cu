@@ -25,6 +25,7 @@
 #include <limits.h>
 #include <math.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "backend.h"
@@ -297,8 +298,14 @@ fa_status std_forward(const fa_problem *pb) {
                                 stream));
     FA_CUDA_TRY(cudaMemcpyAsync(ck.data(), pr->cu_seqlens_k, ck.size() * 4, cudaMemcpyDeviceToHost,
                                 stream));
-    FA_CUDA_TRY(cudaStreamSynchronize(stream));
   }
+  std::vector<int32_t> used;
+  if (pr->seqused_k) {
+    used.resize((size_t)pb->batch);
+    FA_CUDA_TRY(cudaMemcpyAsync(used.data(), pr->seqused_k, used.size() * 4, cudaMemcpyDeviceToHost,
+                                stream));
+  }
+  if (pb->varlen || pr->seqused_k) FA_CUDA_TRY(cudaStreamSynchronize(stream));
   for (int64_t s = 0; s < pb->batch; s++) {
     int64_t qb = s, kb = s, q0 = 0, k0 = 0, nq = pb->q.seqlen, nk = pb->k.seqlen;
     int64_t lse0 = s * H * nq, lse_hs = nq;
@@ -308,6 +315,7 @@ fa_status std_forward(const fa_problem *pb) {
       k0 = ck[s], nk = ck[s + 1] - ck[s];
       lse0 = q0, lse_hs = pb->total_q;
     }
+    if (pr->seqused_k) nk = std::min<int64_t>(nk, std::max<int32_t>(0, used[(size_t)s]));
     if (nq == 0) continue;
     const char *Q = (const char *)pb->q.data + fa_tensor_offset(&pb->q, qb, q0, 0) * es;
     const char *K = (const char *)pb->k.data + fa_tensor_offset(&pb->k, kb, k0, 0) * es;

@@ -46,6 +46,7 @@ struct AttnArgs {
   const float *alibi;
   int64_t alibi_sb;
   const int32_t *cu_q, *cu_k;
+  const int32_t *used_k; /* KV cache: the keys each sequence uses (NULL: all) */
   int causal, window_enabled;
   int64_t window_left, window_right;
   /* Dropout and block-sparse masks (docs/DROPOUT.md), read only by the EXT
@@ -232,6 +233,8 @@ __device__ __forceinline__ SeqView seq_view(const AttnArgs &p, int b) {
     v.lse0 = (int64_t)b * p.heads_q * p.nq;
     v.lse_hs = p.nq;
   }
+  /* clamped to [0, nk]: device memory, so the host could not check it */
+  if (p.used_k) v.nk = min(v.nk, max(0, p.used_k[b]));
   return v;
 }
 

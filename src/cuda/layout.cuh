@@ -56,6 +56,7 @@ inline void fill_common_args(AttnArgs &a, const fa_problem *pb) {
   a.alibi_sb = pr->alibi_stride_batch;
   a.cu_q = pb->varlen ? pr->cu_seqlens_q : NULL;
   a.cu_k = pb->varlen ? pr->cu_seqlens_k : NULL;
+  a.used_k = pr->seqused_k;
   a.causal = pr->causal;
   a.window_enabled = pr->window_enabled;
   a.window_left = pr->window_left;

@@ -104,6 +104,7 @@ typedef struct tcase {
   int bdens;              /* percent of visible blocks (query block 1 always hidden) */
   int bbcast;             /* block mask broadcast over heads (stride_head 0) */
   int nanseq;             /* varlen: sequence nanseq - 1's Q, K, V, dO all NaN when > 0 */
+  int kv, used[8];        /* KV cache (fixed lengths): batch b uses used[b] keys (seqused_k) */
 } tcase;
 
 typedef struct tens {
@@ -184,6 +185,23 @@ static void poison_seq(const tcase *c, const tens *t, const int *lens, uint16_t 
         }
 }
 
+/* KV cache: row r of batch b of a k-like tensor is past the used keys. Such
+ * rows hold NaN in the inputs (never read) and must stay unwritten (poison)
+ * in dK, dV. */
+static int kv_past(const tcase *c, int b, int64_t r) { return c->kv && r >= c->used[b]; }
+
+static void poison_kv(const tcase *c, const tens *t, uint16_t *h, double *d) {
+  for (int b = 0; c->kv && b < c->B; b++)
+    for (int64_t r = c->used[b]; r < t->t.seqlen; r++)
+      for (int64_t hh = 0; hh < t->t.heads; hh++)
+        for (int64_t e = 0; e < t->t.headdim; e++) {
+          const size_t i =
+              (size_t)(b * t->t.stride_batch + r * t->t.stride_seq + hh * t->t.stride_head + e);
+          h[i] = c->dt == FA_DTYPE_F16 ? 0x7e00 : 0x7fc0;
+          d[i] = NAN;
+        }
+}
+
 /* Visits every (row, head) row of a q-like (heads, n = nq) or k-like
  * (heads, n = nk) tensor: the element offset of the row and, for q-like
  * tensors, its lse index. total: rows of the packed tensor (varlen). */
@@ -233,6 +251,11 @@ static errs compare(const tcase *c, const tens *t, int heads, int n, int total, 
       size_t idx = (size_t)rows[i].off + d;
       double x = load16(got, idx, c->dt), xl = load16(lp, idx, c->dt), rf = ref[idx];
       if (skipped(c, lens, rows[i].lse % (total ? total : 1))) continue;
+      if (lens == c->lk && !c->nseq &&
+          kv_past(c, (int)(rows[i].lse / ((int64_t)heads * n)), rows[i].lse % n)) {
+        r.nan += got[idx] != 0xFFFF; /* written past the used keys: counted as a NaN */
+        continue;
+      }
       if (x != x) r.nan++;
       e2 += (x - rf) * (x - rf);
       elp2 += (xl - rf) * (xl - rf);
@@ -419,6 +442,10 @@ static void run_case(const tcase *c) {
   poison_seq(c, &q, c->lq, qh, qd);
   poison_seq(c, &k, c->lk, kh, kd);
   poison_seq(c, &v, c->lk, vh, vd);
+  poison_kv(c, &k, kh, kd);
+  poison_kv(c, &v, vh, vd);
+  int32_t used[8];
+  for (int b = 0; b < 8; b++) used[b] = c->used[b];
   const int nslopes = (varlen ? c->nseq : B) * c->Hq;
   float *slopes = malloc(sizeof(float) * (size_t)(nslopes ? nslopes : 1));
   for (int i = 0; i < nslopes; i++)
@@ -439,6 +466,7 @@ static void run_case(const tcase *c) {
     p.cu_seqlens_k = ck;
     p.num_seqs = c->nseq;
   }
+  if (c->kv) p.seqused_k = used;
   p.dropout_p = c->dropout;
   p.dropout_seed = 0x9E3779B97F4A7C15ull;
   p.dropout_offset = 0x0000000500000003ull;
@@ -493,6 +521,7 @@ static void run_case(const tcase *c) {
     void *qdv = dev_copy(qh, q.n * 2), *kdv = dev_copy(kh, k.n * 2), *vdv = dev_copy(vh, v.n * 2);
     void *odv = NULL, *ldv = NULL, *sdv = dev_copy(slopes, sizeof(float) * (size_t)nslopes);
     void *cqd = dev_copy(cq, sizeof cq), *ckd = dev_copy(ck, sizeof ck);
+    void *ud = dev_copy(used, sizeof used);
     void *bmd = bmh ? dev_copy(bmh, bm_bytes) : NULL;
     CK(cudaMalloc(&odv, o.n * 2));
     CK(cudaMalloc(&ldv, nlse * 4));
@@ -506,6 +535,7 @@ static void run_case(const tcase *c) {
     pg.stream = stream;
     if (c->alibi) pg.alibi_slopes = sdv;
     if (varlen) pg.cu_seqlens_q = cqd, pg.cu_seqlens_k = ckd;
+    if (c->kv) pg.seqused_k = ud;
     if (bmh) pg.block_mask = bmd;
     tens qg = q, kg = k, vg = v, og = o;
     qg.t.data = qdv, kg.t.data = kdv, vg.t.data = vdv, og.t.data = odv;
@@ -576,7 +606,7 @@ static void run_case(const tcase *c) {
     }
     CK(cudaStreamDestroy(stream));
     cudaFree(qdv), cudaFree(kdv), cudaFree(vdv), cudaFree(odv), cudaFree(ldv);
-    cudaFree(sdv), cudaFree(cqd), cudaFree(ckd), cudaFree(bmd);
+    cudaFree(sdv), cudaFree(cqd), cudaFree(ckd), cudaFree(bmd), cudaFree(ud);
   }
 out:
   free(bmh), free(slopes);
@@ -976,6 +1006,25 @@ static void full_suite(void) {
                3000);
       c.Hk = 4, c.causal = 1;
       run_case(&c);
+      /* KV caches (seqused_k): NaN past each batch entry's used keys; decode
+       * (split keys, packed GQA rows), prefill rows, D = 256, the standard path */
+      c = base(
+          nm("%s D=%d %s", "kvcache decode GQA 8:2 B=3 nq=1 nk=3000 used 2999/1/0 causal", 128, dt),
+          dt, 128, 3, 8, 1, 3000);
+      c.Hk = 2, c.causal = 1, c.kv = 1, c.used[0] = 2999, c.used[1] = 1, c.used[2] = 0;
+      run_case(&c);
+      c = base(nm("%s D=%d %s", "kvcache B=2 nq=70 nk=300 used 300/129 causal", 64, dt), dt, 64, 2,
+               3, 70, 300);
+      c.causal = 1, c.kv = 1, c.used[0] = 300, c.used[1] = 129;
+      run_case(&c);
+      c = base(nm("%s D=%d %s", "kvcache decode B=2 nq=1 nk=1000 used 700/1000", 256, dt), dt, 256,
+               2, 2, 1, 1000);
+      c.kv = 1, c.used[0] = 700, c.used[1] = 1000;
+      run_case(&c);
+      c = base(nm("%s D=%d %s", "kvcache standard B=2 nq=5 nk=90 used 33/90 causal", 64, dt), dt,
+               64, 2, 2, 5, 90);
+      c.algo = FA_ALGO_STANDARD, c.causal = 1, c.kv = 1, c.used[0] = 33, c.used[1] = 90;
+      run_case(&c);
       /* more blocks than SMs: the Hopper forward's persistent CTAs take
        * several blocks each (varlen: blocks past a sequence's end skipped) */
       c = base(nm("%s D=%d %s", "persistent rounds GQA 40:8 B=3 nq=nk=300", 64, dt), dt, 64, 3, 40,
@@ -1057,6 +1106,9 @@ static void small_suite(void) {
   c.causal = 1;
   run_case(&c);
   check_dropout_bits(FA_DTYPE_F16, 1, 2, 1, 200, 1);
+  c = base("small kvcache GQA 4:2 B=2 nq=1 nk=700 used 699/0 f16", FA_DTYPE_F16, 128, 2, 4, 1, 700);
+  c.Hk = 2, c.kv = 1, c.used[0] = 699, c.used[1] = 0;
+  run_case(&c);
 }
 
 int main(int argc, char **argv) {

@@ -546,8 +546,11 @@ bool sm90_forward_covers(const AttnArgs &a) {
   /* block masks whose blocks tile both kernels' tiles (128 x 128 forward,
    * 64 x 128 backward): a tile is then wholly visible or wholly skipped */
   const bool bm_fits = a.bmask == NULL || (a.bm_q % 128 == 0 && a.bm_k % 128 == 0);
+  /* a KV cache's used lengths: the sm_80 kernels, whose loads stop at each
+   * sequence's last used key; a TMA tile would read the rows past it (which
+   * may hold NaN: 0 x NaN in P V) */
   if (a.drop.keep_scale > 0.f || !bm_fits || a.cap_log2 > 0.f || a.alibi != NULL ||
-      !(a.scale_log2 > 0.f))
+      !(a.scale_log2 > 0.f) || a.used_k != NULL)
     return false;
   /* head dims 33-256, padded to 64, 128, 192 or 256 (TMA fills the columns past d
    * with zeros; 65-96 padded to 128 still ran 1.3-1.5x the sm_80 kernel's

@@ -69,12 +69,12 @@ struct FwdArgs : AttnArgs {
   int64_t o_sb, o_ss, o_sh;
   int *sched; /* the Hopper kernel's block counter: a word of the workspace */
   /* Split keys (decode shapes: forward.cu's fwd_splits):
-   * nsplit > 1 cuts each row's key tiles into ranges of split_tiles (set by
-   * the launch, which knows the tile); range s leaves its normalised O
-   * (part_o, kernel-D floats per row) and lse (part_lse) at row s * part_rows
-   * + the row's lse index, and a second kernel combines them. nsplit = 1: no
-   * split. */
-  int nsplit, split_tiles;
+   * nsplit > 1 cuts each sequence's own key tiles (a KV cache's used keys,
+   * not the capacity; split_tiles) into nsplit ranges; range s leaves its
+   * normalised O (part_o, kernel-D floats per row) and lse (part_lse) at row
+   * s * part_rows + the row's lse index, and a second kernel combines them.
+   * nsplit = 1: no split. */
+  int nsplit;
   int64_t part_rows;
   float *part_o, *part_lse;
   /* GQA packing (the Hopper kernel; forward.cu's fwd_pack): pack > 1 query
@@ -210,6 +210,12 @@ struct FwdTraits<256> {
 
 /* Where one sequence's rows live (varlen: from the device-side offsets).
  */
+/* Key tiles (BC keys) per split of a sequence of nk keys (FwdArgs::nsplit) */
+template <int BC, typename Args>
+__device__ __forceinline__ int split_tiles(const Args &p, int nk) {
+  return ((nk + BC - 1) / BC + p.nsplit - 1) / p.nsplit;
+}
+
 struct SeqView {
   int64_t qb, q0, kb, k0, lse0, lse_hs;
   int nq, nk;
@@ -396,8 +402,9 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
   int n_begin = (int)(klo / BC);
   int n_end = khi > klo ? (int)((khi + BC - 1) / BC) : n_begin;
   if (p.nsplit > 1) { /* this split's tiles only (none: an empty walk, lse -inf) */
-    n_begin = max(n_begin, sp * p.split_tiles);
-    n_end = max(n_begin, min(n_end, (sp + 1) * p.split_tiles));
+    const int spt = split_tiles<BC>(p, nk);
+    n_begin = max(n_begin, sp * spt);
+    n_end = max(n_begin, min(n_end, (sp + 1) * spt));
   }
   fa_mask_row_range(&mk, r0 + rows - 1, &t_lo, &t_hi);
   const int lo_max = (int)t_lo;
@@ -750,16 +757,12 @@ fa_status flash_fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   static bool attr_done[3] = {false, false, false};
   fa_status st = smem_limit_once(kernel, smem, attr_done[kind]);
   if (st != FA_OK) return st;
-  /* split keys (decode shapes): each split's key tiles, of this kernel's width */
-  FwdArgs args = a;
-  const int bc = ext ? XBC : C::BC;
-  args.split_tiles = ((a.max_seqlen_k + bc - 1) / bc + a.nsplit - 1) / a.nsplit;
   const dim3 grid((unsigned)((a.max_seqlen_q + BR - 1) / BR), (unsigned)(a.heads_q * a.nsplit),
                   (unsigned)a.batch);
-  kernel<<<grid, C::NW * 32, smem, stream>>>(args);
+  kernel<<<grid, C::NW * 32, smem, stream>>>(a);
   if (a.nsplit == 1) return launch_status();
   if ((st = launch_status()) != FA_OK) return st;
-  return fwd_combine_launch<T, D>(args, stream, false);
+  return fwd_combine_launch<T, D>(a, stream, false);
 }
 
 /* Block rows of every configuration (the grid's y extent is max_seqlen_q / this). */

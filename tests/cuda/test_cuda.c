@@ -1021,6 +1021,17 @@ static void full_suite(void) {
                2, 2, 1, 1000);
       c.kv = 1, c.used[0] = 700, c.used[1] = 1000;
       run_case(&c);
+      /* prefill against a cache on the Hopper kernels (K/V maps end at each
+       * sequence's used keys); the same in (B, H, N, D), which they cannot map
+       * that way (the sm_80 kernels) */
+      for (int l = 0; l < 2; l++) {
+        c = base(nm("%s D=%d %s", l ? "kvcache bhnd B=2 nq=200 nk=1000 used 517/1000 causal"
+                                    : "kvcache B=2 nq=200 nk=1000 used 517/1000 causal",
+                    128, dt),
+                 dt, 128, 2, 4, 200, 1000);
+        c.Hk = 2, c.causal = 1, c.kv = 1, c.bhnd = l, c.used[0] = 517, c.used[1] = 1000;
+        run_case(&c);
+      }
       c = base(nm("%s D=%d %s", "kvcache standard B=2 nq=5 nk=90 used 33/90 causal", 64, dt), dt,
                64, 2, 2, 5, 90);
       c.algo = FA_ALGO_STANDARD, c.causal = 1, c.kv = 1, c.used[0] = 33, c.used[1] = 90;

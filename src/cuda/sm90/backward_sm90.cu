@@ -156,7 +156,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
 
   /* this sequence's row 0 in the Q, dO and dQ maps, and in the K and V maps */
   const MapSeq mq = map_seq(p.cu_q != nullptr, b, p.nq, sv.q0, nq),
-               mkv = map_seq(p.cu_q != nullptr, b, p.nk, sv.k0, nk);
+               mkv = map_kv(p, b, sv);
 
   const int tid = threadIdx.x;
   if (tid == 0) {
@@ -441,10 +441,10 @@ fa_status bwd_launch(const BwdArgs &a, cudaStream_t stream) {
                      S::BR)) != FA_OK ||
       (st = make_map(&prm.tdo, BF, a.dout, a.d, a.nq, a.heads_q, a.batch, a.do_ss, a.do_sh, a.do_sb,
                      pk, S::BR)) != FA_OK ||
-      (st = make_map(&prm.tk, BF, a.k, a.d, a.nk, hk, a.batch, a.k_ss, a.k_sh, a.k_sb, pk,
-                     S::BC)) != FA_OK ||
-      (st = make_map(&prm.tv, BF, a.v, a.d, a.nk, hk, a.batch, a.v_ss, a.v_sh, a.v_sb, pk,
-                     S::BC)) != FA_OK ||
+      (st = make_kv_map(&prm.tk, BF, a.k, a.d, a.nk, hk, a.batch, a.k_ss, a.k_sh, a.k_sb, pk,
+                        a.used_k != nullptr, S::BC)) != FA_OK ||
+      (st = make_kv_map(&prm.tv, BF, a.v, a.d, a.nk, hk, a.batch, a.v_ss, a.v_sh, a.v_sb, pk,
+                        a.used_k != nullptr, S::BC)) != FA_OK ||
       (st = make_map_f32(&prm.tdq, a.dq_acc, D, a.nq, a.heads_q, a.batch, pk, 64)) != FA_OK)
     return st;
   if ((st = bwd_rows_launch<T, D>(a, stream, false)) != FA_OK) return st;

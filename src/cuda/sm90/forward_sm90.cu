@@ -27,6 +27,7 @@
  * 128-multiple blocks, skipped a whole tile at a time) at padded head dims 64,
  * 128, 192 and 256 (FwdShape); forward.cu sends everything else to the sm_80
  * kernels. Built only for sm_90a; other targets compile an empty body. */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -200,8 +201,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         fa_mask_make(k.sv.nq, k.sv.nk, p.causal, p.window_enabled, p.window_left, p.window_right);
     k.kt = key_tiles<BC>(k.mk, k.r0, k.rows);
     if (DECODE) { /* this split's tiles only (none: an empty walk, lse -inf) */
-      k.kt.n_begin = max(k.kt.n_begin, k.sp * p.split_tiles);
-      k.kt.n_end = max(k.kt.n_begin, min(k.kt.n_end, (k.sp + 1) * p.split_tiles));
+      const int spt = split_tiles<BC>(p, k.sv.nk);
+      k.kt.n_begin = max(k.kt.n_begin, k.sp * spt);
+      k.kt.n_end = max(k.kt.n_begin, min(k.kt.n_end, (k.sp + 1) * spt));
     }
     return true;
   };
@@ -244,7 +246,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         }
         if (!more) break;
         const int hk = k.h / p.group;
-        const MapSeq mk = map_seq(p.cu_q != nullptr, k.b, p.nk, k.sv.k0, k.sv.nk);
+        const MapSeq mk = map_kv(p, k.b, k.sv);
         for_each_live(k.kt.n_end - k.kt.n_begin, tile_skip(k), [&](int kk) {
           const int n = k.kt.n_end - 1 - kk, st = i % ST, ph = (i / ST) & 1;
           ++i;
@@ -508,18 +510,16 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   fa_status st;
   if ((st = make_map(&prm.tq, BF, a.q, a.d, a.nq, a.heads_q, a.batch, a.q_ss, a.q_sh, a.q_sb, pk,
                      rq, pack)) != FA_OK ||
-      (st = make_map(&prm.tk, BF, a.k, a.d, a.nk, hk, a.batch, a.k_ss, a.k_sh, a.k_sb, pk,
-                     S::BC)) != FA_OK ||
-      (st = make_map(&prm.tv, BF, a.v, a.d, a.nk, hk, a.batch, a.v_ss, a.v_sh, a.v_sb, pk,
-                     S::BC)) != FA_OK)
+      (st = make_kv_map(&prm.tk, BF, a.k, a.d, a.nk, hk, a.batch, a.k_ss, a.k_sh, a.k_sb, pk,
+                        a.used_k != nullptr, S::BC)) != FA_OK ||
+      (st = make_kv_map(&prm.tv, BF, a.v, a.d, a.nk, hk, a.batch, a.v_ss, a.v_sh, a.v_sb, pk,
+                        a.used_k != nullptr, S::BC)) != FA_OK)
     return st;
   auto kernel = fwd_kernel<T, D, NWG, DECODE>;
   static bool attr_done = false;
   if ((st = smem_limit_once(kernel, smem, attr_done)) != FA_OK) return st;
   prm.sched.nblk = (a.max_seqlen_q + rq - 1) / rq;
   prm.sched.heads = a.heads_q / pack * (DECODE ? a.nsplit : 1);
-  /* a split's key tiles: the splits cover every tile of the longest row */
-  prm.a.split_tiles = ((a.max_seqlen_k + S::BC - 1) / S::BC + a.nsplit - 1) / a.nsplit;
   prm.sched.batch = a.batch;
   prm.sched.next = a.sched;
   const int64_t blocks = (int64_t)prm.sched.nblk * prm.sched.heads * a.batch;
@@ -542,15 +542,23 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
 
 }  // namespace sm90
 
+/* make_kv_map can map this KV cache: a varlen batch, or fixed lengths whose
+ * sequences are row-contiguous in K and V (batch stride = seqlen x row stride,
+ * as in a (batch, seqlen, heads, d) cache; any layout at batch 1), their rows
+ * within the maps' 32-bit coordinates. Otherwise the sm_80 kernels, whose
+ * loads stop at each sequence's last used key. */
+static bool kv_cache_mappable(const AttnArgs &a) {
+  const int64_t nk = a.nk;
+  return a.cu_q != nullptr || a.batch == 1 ||
+         (a.k_sb == nk * a.k_ss && a.v_sb == nk * a.v_ss && (int64_t)a.batch * nk < INT_MAX / 2);
+}
+
 bool sm90_forward_covers(const AttnArgs &a) {
   /* block masks whose blocks tile both kernels' tiles (128 x 128 forward,
    * 64 x 128 backward): a tile is then wholly visible or wholly skipped */
   const bool bm_fits = a.bmask == NULL || (a.bm_q % 128 == 0 && a.bm_k % 128 == 0);
-  /* a KV cache's used lengths: the sm_80 kernels, whose loads stop at each
-   * sequence's last used key; a TMA tile would read the rows past it (which
-   * may hold NaN: 0 x NaN in P V) */
   if (a.drop.keep_scale > 0.f || !bm_fits || a.cap_log2 > 0.f || a.alibi != NULL ||
-      !(a.scale_log2 > 0.f) || a.used_k != NULL)
+      !(a.scale_log2 > 0.f) || (a.used_k != NULL && !kv_cache_mappable(a)))
     return false;
   /* head dims 33-256, padded to 64, 128, 192 or 256 (TMA fills the columns past d
    * with zeros; 65-96 padded to 128 still ran 1.3-1.5x the sm_80 kernel's

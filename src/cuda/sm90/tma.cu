@@ -71,6 +71,13 @@ fa_status make_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t s
                 base, d, seqlen, heads, batch, ss, sh, sb, packed, 64, box_rows, box_heads);
 }
 
+fa_status make_kv_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t seqlen,
+                      int64_t heads, int64_t batch, int64_t ss, int64_t sh, int64_t sb,
+                      bool varlen, bool cache, int box_rows) {
+  if (cache && !varlen)
+    return make_map(m, bf16, base, d, batch * seqlen, heads, 1, ss, sh, sb, true, box_rows);
+  return make_map(m, bf16, base, d, seqlen, heads, batch, ss, sh, sb, varlen, box_rows);
+}
 fa_status make_map_f32(CUtensorMap *m, const float *base, int d, int64_t seqlen, int64_t heads,
                        int64_t batch, bool packed, int box_rows) {
   return map_4d(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, base, d, seqlen, heads, batch, d, seqlen * d,

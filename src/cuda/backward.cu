@@ -4,8 +4,8 @@
  *   Di      heads_q * total_q floats (lse layout)
  *   lse2    as many floats (lse * log2 e)
  *   dQ acc  heads_q * total_q * Dp floats, Dp = dq_acc_cols (below): the
- *           padded head dim, 128 at 65-96 and 256 at 129-192 (the Hopper
- *           kernel pads those; the sm_80 kernel uses the start of each row); not
+ *           padded head dim, 128 at 65-96 (the Hopper kernel pads those; the
+ *           sm_80 kernel uses the start of each row); not
  *           with params.deterministic, whose dQ kernel keeps dQ in registers.
  * For varlen, total_q is q's seqlen (the packed rows). O(B H N D), never N^2.
  * The flash kernels need q, k, v, o, dout, dq, dk, dv 16-byte aligned with
@@ -24,7 +24,7 @@ using fa::round256;
 /* the dQ accumulator's row width (the sm_80 kernel's narrower rows use the
  * start of each row) */
 int dq_acc_cols(int64_t d) {
-  return d > 64 && d <= 96 ? 128 : d > 128 && d <= 192 ? 256 : fa::padded_headdim(d);
+  return d > 64 && d <= 96 ? 128 : fa::padded_headdim(d);
 }
 
 size_t rows_bytes(const fa_problem *pb) {

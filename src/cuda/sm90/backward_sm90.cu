@@ -20,11 +20,11 @@
  *                                         map) into the float32 dQ accumulator
  * (Element-wise float atomics for dQ halved the kernel's speed: 277 against
  * 538 TFLOP/s with them left out, D = 128 on an H200.)
- * Above D = 128 (BwdShape::COLS; 129-192 padded to 256) both warpgroups
- * take the same 64 keys, each
- * owning 128 of the columns of dK, dV and dQ, and each computes the whole
- * S^T and dP^T. Plain score path (block masks as in the forward), padded
- * head dims 64, 128 and 256, not deterministic. */
+ * Above D = 128 (BwdShape::COLS; 129-192 padded to 192, 193-256 to 256)
+ * both warpgroups take the same 64 keys, each owning half of the columns of
+ * dK, dV and dQ, and each computes the whole S^T and dP^T. Plain score path
+ * (block masks as in the forward), padded head dims 64, 128, 192 and 256, not
+ * deterministic. */
 #include "../backward_kernel.cuh"
 #include "sm90.h"
 #include "wgmma.cuh"
@@ -47,24 +47,38 @@ namespace sm90 {
  * and the staging stores at D = 128; docs/PERF.md). */
 template <int D>
 struct BwdShape {
-  /* COLS (D = 256): dK and dV of 64 keys x 256 columns do not fit one
+  /* COLS (D = 192, 256): dK and dV of 64 keys x D columns do not fit one
    * warpgroup's registers. Both warpgroups then take the same 64 keys and
-   * each owns DC = 128 of the columns (of dK, dV and the tile's dQ); both
-   * compute the whole S^T and dP^T (64 x 64, 1.4x the tensor work), so P^T
-   * and dS^T stay in each one's registers and neither waits for the other's.
-   * Shared memory (K, V 64 KB; Q, dO 64 KB; dQ staging 64 KB) leaves room
-   * for one Q/dO stage. */
+   * each owns DC = D / 2 of the columns (of dK, dV and the tile's dQ); both
+   * compute the whole S^T and dP^T (64 x 64; 1.4x the tensor work at 256),
+   * so P^T and dS^T stay in each one's registers and neither waits for the
+   * other's. Shared memory leaves room for one Q/dO stage at D = 256 (K, V
+   * 64 KB; Q, dO 64 KB; dQ staging 64 KB), two at 192. */
   static constexpr bool COLS = D > 128;
   static constexpr int NWG = 2, BC = COLS ? 64 : 64 * NWG, BR = D <= 64 ? 128 : 64;
-  static constexpr int ST = COLS ? 1 : 2, DC = COLS ? D / NWG : D;
+  static constexpr int ST = D > 192 ? 1 : 2, DC = COLS ? D / NWG : D;
   static constexpr int DQC = COLS ? DC : 64; /* columns of a warpgroup's dQ block */
   static constexpr bool ROW_SPLIT = !COLS && BR == 64 * NWG;
-  static_assert(COLS ? BR == 64 && DC == 128 : BR * D == NWG * 64 * 64,
+  static_assert(COLS ? BR == 64 && (DC == 96 || DC == 128) : BR * D == NWG * 64 * 64,
                 "each warpgroup owns a 64 x DQC block of dQ");
+  /* A warpgroup's dK/dV columns (and its dQ block's) as wgmma pieces PN0 and
+   * PN1 wide (pieces_of below). At D = 192 no 96-wide operand could start
+   * inside a 64-column swizzle block: warpgroup 0 takes columns 0-63 and
+   * 64-95, warpgroup 1 128-191 and 96-127, an N = 64 and an N = 32 product. */
+  static constexpr int PN0 = DC == 96 ? 64 : DC, PN1 = DC - PN0;
+  static constexpr int QN0 = COLS ? PN0 : DQC, QN1 = COLS ? PN1 : 0;
   static constexpr int DS_BUFS = COLS ? 1 : 2;
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
   static_assert(regs_split_fits(NWG + 1, PRODUCER_REGS, CONSUMER_REGS), "registers fit");
 };
+
+/* Slices J0.. of an accumulator as an N-column one (constant J0: the
+ * registers stay registers). */
+template <int N, int J0, int M>
+__device__ __forceinline__ auto acc_part(float (&a)[M][4]) -> float (&)[N / 8][4] {
+  static_assert(J0 + N / 8 <= M, "inside the accumulator");
+  return *reinterpret_cast<float(*)[N / 8][4]>(&a[J0][0]);
+}
 
 struct BwdParams {
   BwdArgs a;
@@ -221,12 +235,15 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   const int kw0 = S::COLS ? 0 : wg * 64;       /* this warpgroup's first key in the block */
   const int kw = kw0 + ((ctid >> 5) & 3) * 16; /* this warp's */
   const uint32_t k_wg = sK + kw0 * 128, v_wg = sK + L::V0 + kw0 * 128;
-  /* COLS: this warpgroup's DC columns start in dO's and Q's 64-column block cw */
-  const int cw = S::COLS ? wg * S::DC / 64 : 0;
   auto ds_tile = [&](int buf, int w) { return sK + L::DS0 + (buf * S::NWG + w) * L::DSBYTES; };
   const uint32_t dq_wg = sK + L::DQ0 + wg * L::DQBYTES;
   /* dQ rows [qw, qw + 64), columns [dw, dw + DQC) of the tile */
   const int qw = S::ROW_SPLIT ? wg * 64 : 0, dw = S::ROW_SPLIT ? 0 : wg * S::DQC;
+  /* first columns of this warpgroup's dK/dV pieces and dQ pieces (BwdShape) */
+  const int pc0 = !S::COLS ? 0 : S::PN1 ? 128 * wg : wg * S::DC, pc1 = 64 + 32 * wg;
+  const int qc0 = S::COLS ? pc0 : dw;
+  /* the column of an accumulator's slice j, given its pieces */
+  auto slice_col = [](int j, int n0, int c0, int c1) { return j < n0 / 8 ? c0 + 8 * j : c1 + 8 * (j - n0 / 8); };
   const bool issuer = (ctid & 127) == 0; /* issues this warpgroup's dQ reductions */
 
   float dk[S::DC / 8][4], dv[S::DC / 8][4];
@@ -305,12 +322,18 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
       c_to_a<T>(da[kk], dp[2 * kk], dp[2 * kk + 1]);
     }
     wg_fence();
+    /* acc (dK or dV) += A (registers) B (the MN-major tile at b), by pieces */
+    auto pieces_rs = [&](float(&acc)[S::DC / 8][4], const uint32_t(&a)[4], uint32_t b, int kk) {
+      wgmma_rs<T, S::PN0>(acc_part<S::PN0, 0>(acc), a,
+                          sw128_mnmajor(sw128_mn_col<BR>(b, pc0), kk, BR * 128), 1);
+      if constexpr (S::PN1 > 0)
+        wgmma_rs<T, S::PN1>(acc_part<S::PN1, S::PN0 / 8>(acc), a,
+                            sw128_mnmajor(sw128_mn_col<BR>(b, pc1), kk, BR * 128), 1);
+    };
 #pragma unroll
-    for (int kk = 0; kk < BR / 16; ++kk)
-      wgmma_rs<T, S::DC>(dv, pa[kk], sw128_mnmajor(do_st + cw * BR * 128, kk, BR * 128), 1);
+    for (int kk = 0; kk < BR / 16; ++kk) pieces_rs(dv, pa[kk], do_st, kk);
 #pragma unroll
-    for (int kk = 0; kk < BR / 16; ++kk)
-      wgmma_rs<T, S::DC>(dk, da[kk], sw128_mnmajor(q_st + cw * BR * 128, kk, BR * 128), 1);
+    for (int kk = 0; kk < BR / 16; ++kk) pieces_rs(dk, da[kk], q_st, kk);
     wg_commit();
     /* dS^T (this warpgroup's 64 keys x BR queries) -> SW128 tile for dQ.
      * Double-buffered: the other warpgroup read this buffer two steps ago and
@@ -348,21 +371,28 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     float dq[S::DQC / 8][4];
     wg_fence();
 #pragma unroll
-    for (int kb = 0; kb < BC / 16; ++kb) /* key step in the block; dS^T tile kb / 4 */
-      wgmma_ss_mn<T, S::DQC>(dq, sw128_mnmajor(ds_buf + (kb / 4) * L::DSBYTES, kb % 4, 64 * 128),
-                             sw128_mnmajor(sK + (dw / 64) * BC * 128, kb, BC * 128), kb > 0);
+    for (int kb = 0; kb < BC / 16; ++kb) { /* key step in the block; dS^T tile kb / 4 */
+      const uint64_t ds_d = sw128_mnmajor(ds_buf + (kb / 4) * L::DSBYTES, kb % 4, 64 * 128);
+      wgmma_ss_mn<T, S::QN0>(acc_part<S::QN0, 0>(dq), ds_d,
+                             sw128_mnmajor(sw128_mn_col<BC>(sK, qc0), kb, BC * 128), kb > 0);
+      if constexpr (S::QN1 > 0)
+        wgmma_ss_mn<T, S::QN1>(acc_part<S::QN1, S::QN0 / 8>(dq), ds_d,
+                               sw128_mnmajor(sw128_mn_col<BC>(sK, pc1), kb, BC * 128), kb > 0);
+    }
     wg_commit();
     wg_wait<0>();
     reg_fence(dq);
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr)
 #pragma unroll
-      for (int j = 0; j < S::DQC / 8; ++j)
+      for (int j = 0; j < S::DQC / 8; ++j) {
+        const int jj = (slice_col(j, S::QN0, qc0, pc1) - dw) / 8; /* 8-column slice in the block */
         asm volatile(
-            "st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dq_row0 + (j / 4) * 8192 + 8 * hr * 128 +
-                                                       ((((j % 4) * 2 + (t >> 1)) ^ g) << 4)),
+            "st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dq_row0 + (jj / 4) * 8192 + 8 * hr * 128 +
+                                                       ((((jj % 4) * 2 + (t >> 1)) ^ g) << 4)),
             "f"(dq[j][2 * hr]), "f"(dq[j][2 * hr + 1])
             : "memory");
+      }
     fence_proxy_async();
     named_sync(2 + wg, 128); /* the staging tile is complete */
     if (issuer && r + qw < nq) {
@@ -399,19 +429,19 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   T *stage = reinterpret_cast<T *>(smem_raw + (sK - smem_addr(smem_raw)) + L::Q0);
   T *sdk = stage + wg * 2 * 64 * LD, *sdv = sdk + 64 * LD;
   static_assert(2 * S::NWG * 64 * (DC + 8) * 2 <= L::DQ0 - L::Q0, "dK, dV staging fits");
-  const int kl = kw - kw0 + g;
+  const int kl = kw - kw0 + g, c_lo = S::COLS ? wg * DC : 0;
 #pragma unroll
   for (int j = 0; j < DC / 8; ++j)
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      const int off = (kl + 8 * hr) * LD + j * 8 + 2 * t;
+      const int off = (kl + 8 * hr) * LD + slice_col(j, S::PN0, pc0, pc1) - c_lo + 2 * t;
       *reinterpret_cast<uint32_t *>(sdk + off) =
           pack2<T>(dk[j][2 * hr] * p.scale, dk[j][2 * hr + 1] * p.scale);
       *reinterpret_cast<uint32_t *>(sdv + off) = pack2<T>(dv[j][2 * hr], dv[j][2 * hr + 1]);
     }
   named_sync(2 + wg, 128);
   /* this warpgroup's keys and columns of dK and dV */
-  const int k_lo = c0 + kw0, valid = min(64, nk - k_lo), c_lo = S::COLS ? wg * DC : 0;
+  const int k_lo = c0 + kw0, valid = min(64, nk - k_lo);
   if (valid > 0 && c_lo < p.d) {
     const int cols = min(DC, p.d - c_lo);
     store_tile<T, 64, DC, 128>(
@@ -484,14 +514,15 @@ extern "C" __attribute__((visibility("default"))) int fa_sm90_trace_dump(const c
 #endif
 
 bool sm90_backward_covers(const BwdArgs &a) {
-  /* head dims 33-256, padded to 64, 128 or 256 (BwdShape::COLS; 129-192 pay
-   * 256 columns, still faster than the sm_80 kernel at 192, docs/PERF.md) */
+  /* head dims 33-256, padded to 64, 128, 192 or 256 (65-96 pay 128 columns,
+   * still faster than the sm_80 kernel at 96, docs/PERF.md) */
   return a.dq_acc != NULL && sm90_forward_covers(a);
 }
 
 template <typename T>
 fa_status sm90_backward(const BwdArgs &a, cudaStream_t s) {
-  if (a.d > 128) return sm90::bwd_launch<T, 256>(a, s);
+  if (a.d > 192) return sm90::bwd_launch<T, 256>(a, s);
+  if (a.d > 128) return sm90::bwd_launch<T, 192>(a, s);
   return a.d <= 64 ? sm90::bwd_launch<T, 64>(a, s) : sm90::bwd_launch<T, 128>(a, s);
 }
 template fa_status sm90_backward<__half>(const BwdArgs &, cudaStream_t);

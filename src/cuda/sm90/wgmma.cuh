@@ -1,8 +1,8 @@
 /* Warpgroup tile primitives for Hopper (sm_90a, PTX ISA "asynchronous warpgroup
  * level matrix multiply"): shared-memory matrix descriptors for tiles stored in
  * the 128-byte swizzled layout, cp.async loads into that layout, and
- * wgmma.mma_async m64nNk16 with float32 accumulators, A from shared memory
- * (SS) or from registers (RS).
+ * wgmma.mma_async m64nNk16 (N = 32, 64, 128) with float32 accumulators, A
+ * from shared memory (SS) or from registers (RS).
  *
  * Tile layout ("SW128"): a ROWS x D tile of 16-bit elements is stored as D/64
  * column blocks, each ROWS rows of 128 bytes; the 16-byte chunk c of row r sits
@@ -44,6 +44,15 @@ __device__ __forceinline__ uint64_t sw128_kmajor(uint32_t base, int kk) {
  * 64-column blocks are block_bytes apart. */
 __device__ __forceinline__ uint64_t sw128_mnmajor(uint32_t base, int kk, uint32_t block_bytes) {
   return sw128_desc(base + kk * 16 * 128, block_bytes);
+}
+
+/* Start of column col (a multiple of 8) of a SW128 tile of ROWS rows as an
+ * MN-major operand: its 64-column block, then 2 bytes a column inside it
+ * (the hardware swizzles the final address bits, as for a K-major k16 step's
+ * 32-byte offset). An operand that starts inside a block must end in it. */
+template <int ROWS>
+__device__ __forceinline__ uint32_t sw128_mn_col(uint32_t base, int col) {
+  return base + (uint32_t)((col >> 6) * ROWS * 128 + (col & 63) * 2);
 }
 
 /* Byte offset of element (row, col) in a SW128 tile of ROWS rows. */
@@ -124,6 +133,12 @@ __device__ __forceinline__ void reg_fence(uint32_t (&a)[M][4]) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
                "wgmma.mma_async.sync.aligned.m64n128k16.f32" TY TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n" \
                : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]) \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d))
+
+#define FA_WGMMA_RS_N32(TY) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32" TY TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 1;\n}\n" \
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]) \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d))
 
 /* ---- mbarriers, the tensor copy engine (TMA), register reallocation -------- */
@@ -237,6 +252,11 @@ __device__ __forceinline__ void regs_alloc() {
                "wgmma.mma_async.sync.aligned.m64n128k16.f32" TY TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 1, 1;\n}\n" \
                : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]) \
                : "l"(da), "l"(db), "r"(scale_d))
+#define FA_WGMMA_SST_N32(TY) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32" TY TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 1, 1;\n}\n" \
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]) \
+               : "l"(da), "l"(db), "r"(scale_d))
 /* d (64 x N) = A B + (scale_d ? d : 0); A (64 x 16) K-major at descriptor da,
  * B (16 x N) K-major at db. */
 template <typename T, int N>
@@ -256,8 +276,10 @@ template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss_mn(float (&d)[N / 8][4], uint64_t da, uint64_t db,
                                             int scale_d) {
   constexpr bool BF = std::is_same<T, __nv_bfloat16>::value;
-  static_assert(N == 64 || N == 128, "instantiated widths");
-  if constexpr (N == 64) {
+  static_assert(N == 32 || N == 64 || N == 128, "instantiated widths");
+  if constexpr (N == 32) {
+    if constexpr (BF) FA_WGMMA_SST_N32(".bf16"); else FA_WGMMA_SST_N32(".f16");
+  } else if constexpr (N == 64) {
     if constexpr (BF) FA_WGMMA_SST_N64(".bf16"); else FA_WGMMA_SST_N64(".f16");
   } else {
     if constexpr (BF) FA_WGMMA_SST_N128(".bf16"); else FA_WGMMA_SST_N128(".f16");
@@ -271,8 +293,10 @@ template <typename T, int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t db,
                                          int scale_d) {
   constexpr bool BF = std::is_same<T, __nv_bfloat16>::value;
-  static_assert(N == 64 || N == 128, "instantiated widths");
-  if constexpr (N == 64) {
+  static_assert(N == 32 || N == 64 || N == 128, "instantiated widths");
+  if constexpr (N == 32) {
+    if constexpr (BF) FA_WGMMA_RS_N32(".bf16"); else FA_WGMMA_RS_N32(".f16");
+  } else if constexpr (N == 64) {
     if constexpr (BF) FA_WGMMA_RS_N64(".bf16"); else FA_WGMMA_RS_N64(".f16");
   } else {
     if constexpr (BF) FA_WGMMA_RS_N128(".bf16"); else FA_WGMMA_RS_N128(".f16");

@@ -51,7 +51,12 @@ typedef enum fa_algorithm {
 /* A 4-D tensor (batch, seqlen, heads, headdim) described by element strides.
  * headdim is contiguous. (B,N,H,D) and (B,H,N,D) layouts are both just strides.
  * For variable-length batches (fa_params.cu_seqlens_q set) batch must be 1 and
- * seqlen is the total number of tokens of all sequences. */
+ * seqlen is the total number of tokens of all sequences.
+ * On CUDA the kernels read rows in 16-byte chunks: with a head dim that is not
+ * a multiple of 8 (16-bit types) a row's last chunk runs past it, so the
+ * memory up to the next 16-byte boundary after a tensor's last element must
+ * be readable (cudaMalloc's and PyTorch's allocations are); those bytes are
+ * never used. */
 typedef struct fa_tensor {
   void *data;
   fa_dtype dtype;

@@ -70,11 +70,13 @@ struct FwdArgs : AttnArgs {
   int *sched; /* the Hopper kernel's block counter: a word of the workspace */
   /* Split keys (decode shapes: forward.cu's fwd_splits):
    * nsplit > 1 cuts each sequence's own key tiles (a KV cache's used keys,
-   * not the capacity; split_tiles) into nsplit ranges; range s leaves its
-   * normalised O (part_o, kernel-D floats per row) and lse (part_lse) at row
-   * s * part_rows + the row's lse index, and a second kernel combines them.
-   * nsplit = 1: no split. */
-  int nsplit;
+   * not the capacity; split_tiles) into nsplit ranges; the sm_80 EXT kernels
+   * cut the longest sequence's, ext_split_tiles, set by the launch (computed
+   * in the D=128 one, at its 255-register cap, it spilled 4 bytes on sm_80).
+   * Range s leaves its normalised O (part_o, kernel-D floats per row) and lse
+   * (part_lse) at row s * part_rows + the row's lse index, and a second
+   * kernel combines them. nsplit = 1: no split. */
+  int nsplit, ext_split_tiles;
   int64_t part_rows;
   float *part_o, *part_lse;
   /* GQA packing (the Hopper kernel; forward.cu's fwd_pack): pack > 1 query
@@ -402,7 +404,7 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
   int n_begin = (int)(klo / BC);
   int n_end = khi > klo ? (int)((khi + BC - 1) / BC) : n_begin;
   if (p.nsplit > 1) { /* this split's tiles only (none: an empty walk, lse -inf) */
-    const int spt = split_tiles<BC>(p, nk);
+    const int spt = EXT ? p.ext_split_tiles : split_tiles<BC>(p, nk);
     n_begin = max(n_begin, sp * spt);
     n_end = max(n_begin, min(n_end, (sp + 1) * spt));
   }
@@ -759,7 +761,9 @@ fa_status flash_fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   if (st != FA_OK) return st;
   const dim3 grid((unsigned)((a.max_seqlen_q + BR - 1) / BR), (unsigned)(a.heads_q * a.nsplit),
                   (unsigned)a.batch);
-  kernel<<<grid, C::NW * 32, smem, stream>>>(a);
+  FwdArgs args = a;
+  args.ext_split_tiles = ((a.max_seqlen_k + XBC - 1) / XBC + a.nsplit - 1) / a.nsplit;
+  kernel<<<grid, C::NW * 32, smem, stream>>>(args);
   if (a.nsplit == 1) return launch_status();
   if ((st = launch_status()) != FA_OK) return st;
   return fwd_combine_launch<T, D>(a, stream, false);

@@ -411,9 +411,11 @@ static void reg_decode(void) {
   }
   /* One query row per K/V head: whole K and V rows in key order
    * (dots_rows / pv_rows), across more heads than a vector has lanes, a
-   * partial group of lanes, one head, every dtype, and the strided layouts */
-  static const int rows_h[6] = {12, 20, 1, 8, 3, 9}, rows_d[6] = {128, 64, 256, 128, 96, 64};
-  for (int i = 0; i < 6; i++) {
+   * partial group of lanes, one head, every dtype, the strided layouts, and
+   * head dims that end in a part of the dots' 4-vector step (72, 40) */
+  static const int rows_h[8] = {12, 20, 1, 8, 3, 9, 5, 16},
+                   rows_d[8] = {128, 64, 256, 128, 96, 64, 72, 40};
+  for (int i = 0; i < 8; i++) {
     acfg c = decode_case(i, rows_h[i], rows_h[i], 1);
     c.nk = 1100 + 13 * i;
     c.d = rows_d[i];

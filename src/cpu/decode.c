@@ -7,7 +7,8 @@
  * The keys of each sequence are cut into a fixed number of splits chosen from
  * the problem alone (never from the thread count), so results are bitwise the
  * same on any number of threads. A work unit is one split of one sequence,
- * every K/V head, block by block (DEC_BK keys). With one query row per K/V
+ * every K/V head, block by block (DEC_BK keys; rows_bk, about 256 KiB of K,
+ * on the key-row path). With one query row per K/V
  * head, a block with nothing to apply per element (no partial mask, softcap,
  * ALiBi, block mask or dropout; f32, f16 or bf16 rows, D a multiple of 8) runs
  * every head at once in key-row order
@@ -31,7 +32,7 @@
  *
  * Workspace (floats, each buffer rounded up to 64 bytes), rows = Nq * group,
  * rall = Hk * rows, rall8 = rall rounded up to 8: per thread Q (rall x Dp),
- * K and V (DEC_BK x Dp), S (DEC_BK x rall8), alpha (rall8), two int32 ranges
+ * K and V (DEC_BK x Dp), S (rows_bk x rall8), alpha (rall8), two int32 ranges
  * (rows), Hk head records and Hk x group units; per (sequence, split) O
  * (rall x Dp), m and l (rall8): O(rall * D) per split. */
 #include <omp.h>
@@ -43,7 +44,15 @@ enum {
   DEC_MIN_SPLIT = 512, /* keys per split at least, so the combine stays small */
   DEC_MAX_SPLITS = 16, /* splits per (sequence, K/V head) at most */
   DEC_PREFETCH = 16,   /* keys ahead that each row load prefetches (measured best) */
-  DEC_PAGE_AHEAD = 64  /* key-row path: keys ahead whose K/V pages get a first prefetch */
+  DEC_PAGE_AHEAD = 64, /* key-row path: keys ahead whose K/V pages get a first prefetch */
+  /* key-row path: a block's K rows (then its V rows) about this many bytes,
+   * at least DEC_BK keys and at most DEC_ROWS_MAX. Reading K and V in
+   * alternate 64 KiB runs (32 keys at H=8, D=128, f16) reached 0.80-0.88 of
+   * one stream's DRAM rate on a Zen 4 host, 256 KiB runs 0.95-1.0 (with no
+   * arithmetic: tools/kv_stream.c); the decode went 3-10% faster with them
+   * (docs/PERF.md, CPU F7) */
+  DEC_ROWS_BYTES = 256 << 10,
+  DEC_ROWS_MAX = 256
 };
 
 int cpu_decode_applies(const fa_problem *pb) {
@@ -56,6 +65,7 @@ typedef struct dec_plan {
   int64_t rall, rall8; /* rows of every K/V head, and rounded up to whole vectors */
   int64_t split;       /* keys per split, a multiple of DEC_BK */
   int64_t nsplit;      /* splits per (sequence, K/V head) */
+  int64_t rows_bk;     /* key-row path: keys per block (DEC_ROWS_BYTES) */
   int64_t units;
   int nt;
 } dec_plan;
@@ -69,6 +79,8 @@ static dec_plan dec_make_plan(const fa_problem *pb) {
   const int64_t nk = cpu_max(1, pb->max_seqlen_k);
   p.split = cpu_max(DEC_MIN_SPLIT, fa_round_up(cpu_cdiv(nk, DEC_MAX_SPLITS), DEC_BK));
   p.nsplit = cpu_cdiv(nk, p.split);
+  const int64_t row = pb->heads_k * pb->headdim * (int64_t)fa_dtype_size(pb->dtype);
+  p.rows_bk = p.rows == 1 ? cpu_min(DEC_ROWS_MAX, cpu_max(DEC_BK, DEC_ROWS_BYTES / row)) : DEC_BK;
   p.units = pb->batch * p.nsplit;
   p.nt = cpu_threads(pb, p.units);
   return p;
@@ -97,7 +109,7 @@ static size_t dec_thread_layout(const cpu_ctx *c, const dec_plan *p, char *base,
   t.Q = cpu_take(&cv, c->pb->heads_k * p->rows * c->Dp);
   t.K = cpu_take(&cv, DEC_BK * c->Dp);
   t.V = cpu_take(&cv, DEC_BK * c->Dp);
-  t.S = cpu_take(&cv, p->rall8 * DEC_BK); /* rows x DEC_BK, or DEC_BK x rall8 */
+  t.S = cpu_take(&cv, p->rall8 * p->rows_bk); /* rows x DEC_BK, or rows_bk x rall8 */
   t.alpha = cpu_take(&cv, p->rall8);
   t.klo = (int32_t *)cpu_take(&cv, p->rows);
   t.khi = (int32_t *)cpu_take(&cv, p->rows);
@@ -204,15 +216,16 @@ static void dec_rows_block(const cpu_ctx *c, const dec_plan *p, const dec_bufs *
   const int64_t es = c->esize;
   /* One line per 4 KiB page of the K and V rows DEC_PAGE_AHEAD keys on: the
    * hardware prefetcher streams within a page but starts each page over;
-   * asked early, it streams every page from its start. 32 prefetches per
-   * block (H=8, D=128, f16), not the 2048 of every line (which was slower);
-   * from DRAM +5-7% (f16/bf16/f32, alternating runs, docs/PERF.md CPU F6). */
-  if (c0 + DEC_PAGE_AHEAD + nc <= khi) {
+   * asked early, it streams every page from its start. One prefetch per two
+   * keys at H=8, D=128, f16, not one per line (which was slower); from DRAM
+   * +5-7% (f16/bf16/f32, alternating runs, docs/PERF.md CPU F6). */
+  const int64_t pa = cpu_min(khi, c0 + DEC_PAGE_AHEAD + nc) - (c0 + DEC_PAGE_AHEAD);
+  if (pa > 0) {
     const int64_t ks = pb->k.stride_seq * es, vs = pb->v.stride_seq * es;
     const char *k = cpu_row(c, &pb->k, sq->kb, sq->k0 + c0 + DEC_PAGE_AHEAD, 0);
     const char *v = cpu_row(c, &pb->v, sq->kb, sq->k0 + c0 + DEC_PAGE_AHEAD, 0);
-    for (int64_t o = 0; o < nc * ks; o += 4096) __builtin_prefetch(k + o, 0, 2);
-    for (int64_t o = 0; o < nc * vs; o += 4096) __builtin_prefetch(v + o, 0, 2);
+    for (int64_t o = 0; o < pa * ks; o += 4096) __builtin_prefetch(k + o, 0, 2);
+    for (int64_t o = 0; o < pa * vs; o += 4096) __builtin_prefetch(v + o, 0, 2);
   }
   c->kn->dots_rows(p->rall, nc, c->Dp, b->Q, c->Dp, cpu_row(c, &pb->k, sq->kb, sq->k0 + c0, 0),
                    pb->k.stride_seq * es, pb->k.stride_head * es, pb->dtype, b->S, p->rall8,
@@ -277,12 +290,14 @@ static void dec_split(const cpu_ctx *c, const dec_plan *p, dec_bufs *b, char *st
   const int64_t es = c->esize, D = c->D;
   const int whole = Hk > 1 && pb->k.stride_head == D && pb->v.stride_head == D;
   const int64_t span = Hk * D * es, ks = pb->k.stride_seq * es, vs = pb->v.stride_seq * es;
-  for (int64_t c0 = klo; c0 < khi; c0 += DEC_BK) {
-    const int64_t nc = cpu_min(DEC_BK, khi - c0);
-    if (rowwise && !cpu_tile_partial(&mk, 0, nq, c0, nc)) {
-      dec_rows_block(c, p, b, &st, &sq, c0, nc, khi);
+  for (int64_t c0 = klo; c0 < khi;) {
+    const int64_t nr = cpu_min(p->rows_bk, khi - c0);
+    if (rowwise && !cpu_tile_partial(&mk, 0, nq, c0, nr)) {
+      dec_rows_block(c, p, b, &st, &sq, c0, nr, khi);
+      c0 += nr;
       continue;
     }
+    const int64_t nc = cpu_min(DEC_BK, khi - c0);
     const int64_t n1 = cpu_min(DEC_BK, khi - c0 - DEC_BK); /* next block's keys */
     for (int64_t hk = 0; hk < Hk; hk++) {
       /* K's share before the head's block, V's after it: two bursts half
@@ -300,6 +315,7 @@ static void dec_split(const cpu_ctx *c, const dec_plan *p, dec_bufs *b, char *st
         for (int64_t j = j0; j < j1; j++)
           for (int64_t o = 0; o < span; o += 64) __builtin_prefetch(v1 + j * vs + o, 0, 2);
     }
+    c0 += nc;
   }
 }
 

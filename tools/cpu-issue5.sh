@@ -6,7 +6,10 @@
 # from the median run (the issue's figure) and from the best run (like --peak's DRAM figure,
 # the best of its passes). docs/PERF.md, CPU F5.
 #   tools/cpu-issue5.sh            (BENCH=path/to/flashattn-bench to time another build)
+#   tools/cpu-issue5.sh --decode   (the two decode rows alone)
 set -uo pipefail
+decode_only=0
+[ "${1:-}" = --decode ] && decode_only=1
 cd "$(dirname "$0")/.."
 # the README's build (build/) unless a CPU-only build-cpu/ is there
 B=${BENCH:-./build-cpu/bin/flashattn-bench}
@@ -28,10 +31,10 @@ for d in out:
     print('$label', d['pass'], 'peak %.1f | %.2f GFLOP/s, %.3f of peak' % (pk, d['gflops'], d['gflops']/pk))
 "
 }
-for D in 64 128; do for T in f32 f16; do for C in --no-causal --causal; do
+[ $decode_only = 1 ] || for D in 64 128; do for T in f32 f16; do for C in --no-causal --causal; do
   run "D=$D $T $C" --pass fwd,bwd --batch 1 --heads 16 --seqlen 4096 --headdim $D --dtype $T $C --repeat 3 --max-time 4
 done; done; done
-run "D=72 H=16 N=5776" --pass fwd --dtype f16 --no-causal --batch 1 --heads 16 --seqlen 5776 --headdim 72 --repeat 2 --max-time 2
-run "D=256 32/2 512x10000" --pass fwd --dtype f16 --no-causal --batch 1 --heads 32 --kv-heads 2 --seqlen 512 --seqlen-k 10000 --headdim 256 --repeat 2 --max-time 2
+[ $decode_only = 1 ] || run "D=72 H=16 N=5776" --pass fwd --dtype f16 --no-causal --batch 1 --heads 16 --seqlen 5776 --headdim 72 --repeat 2 --max-time 2
+[ $decode_only = 1 ] || run "D=256 32/2 512x10000" --pass fwd --dtype f16 --no-causal --batch 1 --heads 32 --kv-heads 2 --seqlen 512 --seqlen-k 10000 --headdim 256 --repeat 2 --max-time 2
 run "decode Nk=16384" --pass fwd --dtype f16 --no-causal --batch 1 --heads 8 --seqlen 1 --seqlen-k 16384 --headdim 128 --repeat 30 --max-time 2
 run "decode Nk=65536" --pass fwd --dtype f16 --no-causal --batch 1 --heads 8 --seqlen 1 --seqlen-k 65536 --headdim 128 --repeat 10 --max-time 2

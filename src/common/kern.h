@@ -124,19 +124,20 @@ typedef struct fa_kern {
    * common/philox.h, eight counters per vector, bitwise fa_dropout_keep. */
   void (*dropout)(float *X, int64_t rs, int64_t cs, int64_t nr, int64_t nc, uint64_t bh, int64_t r0,
                   int64_t c0, const fa_dropout *d);
-  /* Decode in key-row order, one query row per K/V head (each K or V row
-   * read whole, in address order): row r's part of key j is at k + j*ks +
-   * r*khs bytes (dt f32, f16 or bf16, d a multiple of FA_VL). dots_rows: ST[j*ldst
-   * + r] = alpha * Q_r . K_j for j < n and r < round_up(nr, FA_VL) (0 in the
-   * lanes past nr). softmax_step_cols: softmax_cols in base e
-   * (decode's units). pv_rows: O_r = rowscale[r] O_r + sum_{j<n} ST[j*ldp +
-   * r] V_j, r < nr. */
+  /* Decode in key-row order, one query row per query head (each K or V row
+   * read whole, in address order): rows group*s .. group*s + group-1 (the
+   * query heads of K/V head s) read key j's part at k + j*ks + s*khs bytes
+   * (dt f32, f16 or bf16, d a multiple of FA_VL; group 1, 2 or 4). dots_rows: ST[j*ldst + r] =
+   * alpha * Q_r . K_j for j < n and r < round_up(nr, FA_VL) (0 in the lanes past nr).
+   * softmax_step_cols: softmax_cols in base e (decode's units). pv_rows: O_r = rowscale[r] O_r +
+   * sum_{j<n} ST[j*ldp + r] V_j, r < nr. */
   void (*softmax_step_cols)(float *ST, int64_t lds, int64_t nc, int64_t ncol, float *m, float *l,
                             float *alpha);
   void (*dots_rows)(int64_t nr, int64_t n, int64_t d, const float *Q, int64_t ldq, const void *k,
-                    int64_t ks, int64_t khs, fa_dtype dt, float *ST, int64_t ldst, float alpha);
+                    int64_t ks, int64_t khs, int64_t group, fa_dtype dt, float *ST, int64_t ldst,
+                    float alpha);
   void (*pv_rows)(int64_t nr, int64_t n, int64_t d, const float *PT, int64_t ldp, const void *v,
-                  int64_t vs, int64_t vhs, fa_dtype dt, float *O, int64_t ldo,
+                  int64_t vs, int64_t vhs, int64_t group, fa_dtype dt, float *O, int64_t ldo,
                   const float *rowscale);
 } fa_kern;
 

@@ -714,67 +714,102 @@ static void SFX(pv_kv)(int64_t m, int64_t n, int64_t d, const float *P, int64_t 
 
 /* ---- decode in key-row order ---------------------------------------------- */
 
-/* One query row per K/V head: key j's row holds every head's part side by
- * side, and reading it whole, in address order, is what the hardware
+/* One query row per query head: key j's row holds every K/V head's part side
+ * by side, and reading it whole, in address order, is what the hardware
  * prefetcher streams (head by head, a head's 256 bytes every 2 KiB, it
- * fetched half the bandwidth: docs/PERF.md, CPU F2). */
+ * fetched half the bandwidth: docs/PERF.md, CPU F2). Under GQA the SG =
+ * group rows of a K/V head share its part: each K or V vector is converted
+ * once for them. */
 static inline __attribute__((always_inline)) void SFX(dots_rows_dt)(
-    const fa_dtype dt, int64_t nr, int64_t n, int64_t d, const float *Q, int64_t ldq, const char *k,
-    int64_t ks, int64_t khs, float *ST, int64_t ldst, float alpha) {
+    const fa_dtype dt, const int SG, int64_t nr, int64_t n, int64_t d, const float *Q, int64_t ldq,
+    const char *k, int64_t ks, int64_t khs, int64_t group, float *ST, int64_t ldst, float alpha) {
+  /* two chains a row (FMA latency) while the run has few rows */
+  const int CH = SG <= 2 || (SG == 4 && KB_REGS >= 32) ? 2 : 1;
   const vf va = vf_set1(alpha), zero = vf_set1(0.0f);
   for (int64_t j = 0; j < n; j++)
     for (int64_t r0 = 0; r0 < nr; r0 += FA_VL) {
       vf acc[FA_VL];
 #pragma GCC unroll 8
-      for (int rl = 0; rl < FA_VL; rl++) {
-        const int64_t r = r0 + rl;
-        acc[rl] = zero; /* lanes past nr: 0, no loads */
-        if (r >= nr) continue;
-        const float *q = Q + r * ldq;
-        const char *kh = k + j * ks + r * khs;
-        vf a = zero, b = zero; /* two chains: FMA latency */
-        int64_t c = 0;
-        for (; c + 2 * FA_VL <= d; c += 2 * FA_VL) {
-          a = vf_fma(vf_load(q + c), SFX(load_kv8)(kh, c, dt), a);
-          b = vf_fma(vf_load(q + c + FA_VL), SFX(load_kv8)(kh, c + FA_VL, dt), b);
+      for (int s0 = 0; s0 < FA_VL; s0 += SG) { /* rows r0 + s0 .. + SG - 1: one K part */
+        const int64_t r = r0 + s0;
+        vf a[4][2]; /* lanes past nr: 0, no loads (a group is wholly in or out) */
+#pragma GCC unroll 8
+        for (int g = 0; g < SG; g++) a[g][0] = a[g][1] = zero;
+        if (r < nr) {
+          const float *q = Q + r * ldq;
+          const char *kh = k + j * ks + (r / group) * khs;
+          int64_t c = 0;
+          for (; c + 2 * FA_VL <= d; c += 2 * FA_VL) {
+            const vf k0 = SFX(load_kv8)(kh, c, dt), k1 = SFX(load_kv8)(kh, c + FA_VL, dt);
+#pragma GCC unroll 8
+            for (int g = 0; g < SG; g++) {
+              a[g][0] = vf_fma(vf_load(q + g * ldq + c), k0, a[g][0]);
+              a[g][CH - 1] = vf_fma(vf_load(q + g * ldq + c + FA_VL), k1, a[g][CH - 1]);
+            }
+          }
+          if (c < d) {
+            const vf k0 = SFX(load_kv8)(kh, c, dt);
+#pragma GCC unroll 8
+            for (int g = 0; g < SG; g++) a[g][0] = vf_fma(vf_load(q + g * ldq + c), k0, a[g][0]);
+          }
         }
-        if (c < d) a = vf_fma(vf_load(q + c), SFX(load_kv8)(kh, c, dt), a);
-        acc[rl] = vf_add(a, b);
+#pragma GCC unroll 8
+        for (int g = 0; g < SG; g++) acc[s0 + g] = CH == 2 ? vf_add(a[g][0], a[g][1]) : a[g][0];
       }
       vf_store(ST + j * ldst + r0, vf_mul(va, vf_sum8(acc)));
     }
 }
 
+/* fn(T, SG, ...) with the group (1, 2 or 4) as a constant */
+#define KB_BY_RUN(group, dt, fn, ...)   \
+  do {                                  \
+    if ((group) == 4)                   \
+      KB_BY_DT(dt, fn, 4, __VA_ARGS__); \
+    else if ((group) == 2)              \
+      KB_BY_DT(dt, fn, 2, __VA_ARGS__); \
+    else                                \
+      KB_BY_DT(dt, fn, 1, __VA_ARGS__); \
+  } while (0)
+
 static void SFX(dots_rows)(int64_t nr, int64_t n, int64_t d, const float *Q, int64_t ldq,
-                           const void *k, int64_t ks, int64_t khs, fa_dtype dt, float *ST,
-                           int64_t ldst, float alpha) {
-  KB_BY_DT(dt, SFX(dots_rows_dt), nr, n, d, Q, ldq, (const char *)k, ks, khs, ST, ldst, alpha);
+                           const void *k, int64_t ks, int64_t khs, int64_t group, fa_dtype dt,
+                           float *ST, int64_t ldst, float alpha) {
+  KB_BY_RUN(group, dt, SFX(dots_rows_dt), nr, n, d, Q, ldq, (const char *)k, ks, khs, group, ST,
+            ldst, alpha);
 }
 
-/* The O rows stay in L1 (Hk x D floats) and take one key at a time, so V
- * is read in address order too. */
+/* The O rows stay in L1 (H x D floats) and take one key at a time, so V is
+ * read in address order too. */
 static inline __attribute__((always_inline)) void SFX(pv_rows_dt)(
-    const fa_dtype dt, int64_t nr, int64_t n, int64_t d, const float *PT, int64_t ldp,
-    const char *v, int64_t vs, int64_t vhs, float *O, int64_t ldo, const float *rowscale) {
+    const fa_dtype dt, const int SG, int64_t nr, int64_t n, int64_t d, const float *PT, int64_t ldp,
+    const char *v, int64_t vs, int64_t vhs, int64_t group, float *O, int64_t ldo,
+    const float *rowscale) {
   for (int64_t r = 0; r < nr; r++) {
     const vf s = vf_set1(rowscale[r]);
     float *o = O + r * ldo;
     for (int64_t c = 0; c < d; c += FA_VL) vf_store(o + c, vf_mul(vf_load(o + c), s));
   }
   for (int64_t j = 0; j < n; j++)
-    for (int64_t r = 0; r < nr; r++) {
-      const vf p = vf_set1(PT[j * ldp + r]);
-      const char *vh = v + j * vs + r * vhs;
+    for (int64_t r = 0; r < nr; r += SG) {
+      vf p[4];
+#pragma GCC unroll 4
+      for (int g = 0; g < SG; g++) p[g] = vf_set1(PT[j * ldp + r + g]);
+      const char *vh = v + j * vs + (r / group) * vhs;
       float *o = O + r * ldo;
-      for (int64_t c = 0; c < d; c += FA_VL)
-        vf_store(o + c, vf_fma(p, SFX(load_kv8)(vh, c, dt), vf_load(o + c)));
+      for (int64_t c = 0; c < d; c += FA_VL) {
+        const vf x = SFX(load_kv8)(vh, c, dt);
+#pragma GCC unroll 8
+        for (int g = 0; g < SG; g++)
+          vf_store(o + g * ldo + c, vf_fma(p[g], x, vf_load(o + g * ldo + c)));
+      }
     }
 }
 
 static void SFX(pv_rows)(int64_t nr, int64_t n, int64_t d, const float *PT, int64_t ldp,
-                         const void *v, int64_t vs, int64_t vhs, fa_dtype dt, float *O, int64_t ldo,
-                         const float *rowscale) {
-  KB_BY_DT(dt, SFX(pv_rows_dt), nr, n, d, PT, ldp, (const char *)v, vs, vhs, O, ldo, rowscale);
+                         const void *v, int64_t vs, int64_t vhs, int64_t group, fa_dtype dt,
+                         float *O, int64_t ldo, const float *rowscale) {
+  KB_BY_RUN(group, dt, SFX(pv_rows_dt), nr, n, d, PT, ldp, (const char *)v, vs, vhs, group, O, ldo,
+            rowscale);
 }
 
 static void SFX(store_row)(void *dst, const float *src, float s, fa_dtype dt, int64_t n) {

@@ -8,15 +8,16 @@
  * the problem alone (never from the thread count), so results are bitwise the
  * same on any number of threads. A work unit is one split of one sequence,
  * every K/V head, block by block (DEC_BK keys; rows_bk, about 256 KiB of K,
- * on the key-row path). With one query row per K/V
- * head, a block with nothing to apply per element (no partial mask, softcap,
- * ALiBi, block mask or dropout; f32, f16 or bf16 rows, D a multiple of 8) runs
- * every head at once in key-row order
- * (kern.h's dots_rows, softmax_step_cols, pv_rows): each K row, then each V
- * row, is read whole and in address order, which the hardware prefetcher
- * streams at the core's full DRAM bandwidth; head by head (2 KiB row stride,
- * a head's 256 bytes at a time) it fetched half of that. Other blocks, and
- * GQA groups (whose rows share each K and V vector: compute-bound), go
+ * on the key-row path). With one query row per query head (and 1, 2 or 4
+ * query heads per K/V head: dec_rows_path), a block with
+ * nothing to apply per element (no partial mask, softcap, ALiBi, block mask
+ * or dropout; f32, f16 or bf16 rows, D a multiple of 8) runs every head at
+ * once in key-row order (kern.h's dots_rows, softmax_step_cols, pv_rows):
+ * each K row, then each V row, is read whole and in address order, which the
+ * hardware prefetcher streams at the core's full DRAM bandwidth (head by
+ * head, 2 KiB row stride, a head's 256 bytes at a time, it fetched half of
+ * that), and each K or V vector serves the query heads of its group. Other
+ * blocks, and other shapes (several query rows, larger GQA groups), go
  * head by head: S = Q K^T by dot products along D for every query row of the
  * head's GQA group, the online softmax along the rows, O += P V, with the
  * masks applied per element and software prefetches for the next block.
@@ -70,6 +71,16 @@ typedef struct dec_plan {
   int nt;
 } dec_plan;
 
+/* The key-row path's shapes: one query row per query head, 1, 2 or 4 query
+ * heads per K/V head. Larger groups are compute-bound and go head by head,
+ * whose register tiles keep O across keys (8 per K/V head: the same time on
+ * either path, 16: 1.2x slower key-row; docs/PERF.md, CPU F8), and so do
+ * ratios such as 3 (kern.h's dots_rows needs whole vector lanes). */
+static int dec_rows_path(const fa_problem *pb, const dec_plan *p) {
+  const int64_t g = pb->group;
+  return p->nq == 1 && (g == 1 || g == 2 || g == 4);
+}
+
 static dec_plan dec_make_plan(const fa_problem *pb) {
   dec_plan p;
   p.nq = pb->max_seqlen_q;
@@ -80,7 +91,8 @@ static dec_plan dec_make_plan(const fa_problem *pb) {
   p.split = cpu_max(DEC_MIN_SPLIT, fa_round_up(cpu_cdiv(nk, DEC_MAX_SPLITS), DEC_BK));
   p.nsplit = cpu_cdiv(nk, p.split);
   const int64_t row = pb->heads_k * pb->headdim * (int64_t)fa_dtype_size(pb->dtype);
-  p.rows_bk = p.rows == 1 ? cpu_min(DEC_ROWS_MAX, cpu_max(DEC_BK, DEC_ROWS_BYTES / row)) : DEC_BK;
+  p.rows_bk =
+      dec_rows_path(pb, &p) ? cpu_min(DEC_ROWS_MAX, cpu_max(DEC_BK, DEC_ROWS_BYTES / row)) : DEC_BK;
   p.units = pb->batch * p.nsplit;
   p.nt = cpu_threads(pb, p.units);
   return p;
@@ -206,8 +218,8 @@ static void dec_block(const cpu_ctx *c, dec_bufs *b, dec_head *hd, int64_t hk, i
                DEC_PREFETCH, npf);
 }
 
-/* Keys [c0, c0+nc) for every K/V head at once (one query row each), in
- * key-row order (kern.h's dots_rows / pv_rows): the path of blocks with
+/* Keys [c0, c0+nc) for every K/V head at once (one query row per query
+ * head), in key-row order (kern.h's dots_rows / pv_rows): the path of blocks with
  * nothing to apply per element, f32, f16 or bf16 rows read in place. */
 static void dec_rows_block(const cpu_ctx *c, const dec_plan *p, const dec_bufs *b,
                            const dec_state *st, const fa_seq *sq, int64_t c0, int64_t nc,
@@ -228,11 +240,12 @@ static void dec_rows_block(const cpu_ctx *c, const dec_plan *p, const dec_bufs *
     for (int64_t o = 0; o < pa * vs; o += 4096) __builtin_prefetch(v + o, 0, 2);
   }
   c->kn->dots_rows(p->rall, nc, c->Dp, b->Q, c->Dp, cpu_row(c, &pb->k, sq->kb, sq->k0 + c0, 0),
-                   pb->k.stride_seq * es, pb->k.stride_head * es, pb->dtype, b->S, p->rall8,
-                   c->scale);
+                   pb->k.stride_seq * es, pb->k.stride_head * es, pb->group, pb->dtype, b->S,
+                   p->rall8, c->scale);
   c->kn->softmax_step_cols(b->S, p->rall8, nc, p->rall8, st->m, st->l, b->alpha);
   c->kn->pv_rows(p->rall, nc, c->Dp, b->S, p->rall8, cpu_row(c, &pb->v, sq->kb, sq->k0 + c0, 0),
-                 pb->v.stride_seq * es, pb->v.stride_head * es, pb->dtype, st->O, c->Dp, b->alpha);
+                 pb->v.stride_seq * es, pb->v.stride_head * es, pb->group, pb->dtype, st->O, c->Dp,
+                 b->alpha);
 }
 
 /* Split sp of sequence s, every K/V head: block by block, the heads of a
@@ -263,8 +276,8 @@ static void dec_split(const cpu_ctx *c, const dec_plan *p, dec_bufs *b, char *st
   if (klo >= khi) return;
   const fa_params *pr = pb->params;
   /* blocks with nothing to apply per element take the key-row path */
-  int rowwise =
-      rows == 1 && dec_direct(c) && c->cap == 0.0f && pr->dropout_p == 0.0f && !pr->block_mask;
+  int rowwise = dec_rows_path(pb, p) && dec_direct(c) && c->cap == 0.0f && pr->dropout_p == 0.0f &&
+                !pr->block_mask;
   for (int64_t hk = 0; hk < Hk; hk++) {
     float *Q = b->Q + hk * rows * Dp;
     hd[hk].Q = Q;

@@ -127,10 +127,11 @@ typedef struct fa_kern {
   /* Decode in key-row order, one query row per query head (each K or V row
    * read whole, in address order): rows group*s .. group*s + group-1 (the
    * query heads of K/V head s) read key j's part at k + j*ks + s*khs bytes
-   * (dt f32, f16 or bf16, d a multiple of FA_VL; group 1, 2 or 4). dots_rows: ST[j*ldst + r] =
-   * alpha * Q_r . K_j for j < n and r < round_up(nr, FA_VL) (0 in the lanes past nr).
-   * softmax_step_cols: softmax_cols in base e (decode's units). pv_rows: O_r = rowscale[r] O_r +
-   * sum_{j<n} ST[j*ldp + r] V_j, r < nr. */
+   * (dt f32, f16 or bf16, d a multiple of FA_VL; group 1, 2 or 4).
+   * dots_rows: ST[j*ldst + r] = alpha * Q_r . K_j for j < n and
+   * r < round_up(nr, FA_VL) (0 in the lanes past nr). softmax_step_cols:
+   * softmax_cols in base e (decode's units). pv_rows: O_r = rowscale[r] O_r
+   * + sum_{j<n} ST[j*ldp + r] V_j, r < nr. */
   void (*softmax_step_cols)(float *ST, int64_t lds, int64_t nc, int64_t ncol, float *m, float *l,
                             float *alpha);
   void (*dots_rows)(int64_t nr, int64_t n, int64_t d, const float *Q, int64_t ldq, const void *k,

@@ -8,16 +8,16 @@
  * the problem alone (never from the thread count), so results are bitwise the
  * same on any number of threads. A work unit is one split of one sequence,
  * every K/V head, block by block (DEC_BK keys; rows_bk, about 256 KiB of K,
- * on the key-row path). With one query row per query head (and 1, 2 or 4
- * query heads per K/V head: dec_rows_path), a block with
- * nothing to apply per element (no partial mask, softcap, ALiBi, block mask
- * or dropout; f32, f16 or bf16 rows, D a multiple of 8) runs every head at
- * once in key-row order (kern.h's dots_rows, softmax_step_cols, pv_rows):
- * each K row, then each V row, is read whole and in address order, which the
- * hardware prefetcher streams at the core's full DRAM bandwidth (head by
- * head, 2 KiB row stride, a head's 256 bytes at a time, it fetched half of
- * that), and each K or V vector serves the query heads of its group. Other
- * blocks, and other shapes (several query rows, larger GQA groups), go
+ * on the key-row path). With one query row per query head and 1, 2 or 4
+ * query heads per K/V head (dec_rows_path), a block with nothing to apply
+ * per element (no partial mask, softcap, ALiBi, block mask or dropout; f32,
+ * f16 or bf16 rows, D a multiple of 8) runs every head at once in key-row
+ * order (kern.h's dots_rows, softmax_step_cols, pv_rows): each K row, then
+ * each V row, is read whole and in address order, which the hardware
+ * prefetcher streams at the core's full DRAM bandwidth (head by head, 2 KiB
+ * row stride, a head's 256 bytes at a time, it fetched half of that), and
+ * each K or V vector serves the query heads of its group. Other blocks, and
+ * other shapes (several query rows, larger GQA groups), go
  * head by head: S = Q K^T by dot products along D for every query row of the
  * head's GQA group, the online softmax along the rows, O += P V, with the
  * masks applied per element and software prefetches for the next block.
@@ -75,7 +75,7 @@ typedef struct dec_plan {
  * heads per K/V head. Larger groups are compute-bound and go head by head,
  * whose register tiles keep O across keys (8 per K/V head: the same time on
  * either path, 16: 1.2x slower key-row; docs/PERF.md, CPU F8), and so do
- * ratios such as 3 (kern.h's dots_rows needs whole vector lanes). */
+ * ratios such as 3. */
 static int dec_rows_path(const fa_problem *pb, const dec_plan *p) {
   const int64_t g = pb->group;
   return p->nq == 1 && (g == 1 || g == 2 || g == 4);
@@ -219,8 +219,8 @@ static void dec_block(const cpu_ctx *c, dec_bufs *b, dec_head *hd, int64_t hk, i
 }
 
 /* Keys [c0, c0+nc) for every K/V head at once (one query row per query
- * head), in key-row order (kern.h's dots_rows / pv_rows): the path of blocks with
- * nothing to apply per element, f32, f16 or bf16 rows read in place. */
+ * head), in key-row order (kern.h's dots_rows / pv_rows): the path of blocks
+ * with nothing to apply per element, f32, f16 or bf16 rows read in place. */
 static void dec_rows_block(const cpu_ctx *c, const dec_plan *p, const dec_bufs *b,
                            const dec_state *st, const fa_seq *sq, int64_t c0, int64_t nc,
                            int64_t khi) {

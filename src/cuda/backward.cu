@@ -23,9 +23,7 @@ using fa::round256;
 
 /* the dQ accumulator's row width (the sm_80 kernel's narrower rows use the
  * start of each row) */
-int dq_acc_cols(int64_t d) {
-  return d > 64 && d <= 96 ? 128 : fa::padded_headdim(d);
-}
+int dq_acc_cols(int64_t d) { return d > 64 && d <= 96 ? 128 : fa::padded_headdim(d); }
 
 size_t rows_bytes(const fa_problem *pb) {
   return round256((size_t)pb->heads_q * (size_t)pb->total_q * sizeof(float));

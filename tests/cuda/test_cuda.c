@@ -1027,8 +1027,9 @@ static void full_suite(void) {
        * sequence's used keys); the same in (B, H, N, D), which they cannot map
        * that way (the sm_80 kernels) */
       for (int l = 0; l < 2; l++) {
-        c = base(nm("%s D=%d %s", l ? "kvcache bhnd B=2 nq=200 nk=1000 used 517/1000 causal"
-                                    : "kvcache B=2 nq=200 nk=1000 used 517/1000 causal",
+        c = base(nm("%s D=%d %s",
+                    l ? "kvcache bhnd B=2 nq=200 nk=1000 used 517/1000 causal"
+                      : "kvcache B=2 nq=200 nk=1000 used 517/1000 causal",
                     128, dt),
                  dt, 128, 2, 4, 200, 1000);
         c.Hk = 2, c.causal = 1, c.kv = 1, c.bhnd = l, c.used[0] = 517, c.used[1] = 1000;

@@ -169,8 +169,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   };
 
   /* this sequence's row 0 in the Q, dO and dQ maps, and in the K and V maps */
-  const MapSeq mq = map_seq(p.cu_q != nullptr, b, p.nq, sv.q0, nq),
-               mkv = map_kv(p, b, sv);
+  const MapSeq mq = map_seq(p.cu_q != nullptr, b, p.nq, sv.q0, nq), mkv = map_kv(p, b, sv);
 
   const int tid = threadIdx.x;
   if (tid == 0) {
@@ -243,7 +242,9 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   const int pc0 = !S::COLS ? 0 : S::PN1 ? 128 * wg : wg * S::DC, pc1 = 64 + 32 * wg;
   const int qc0 = S::COLS ? pc0 : dw;
   /* the column of an accumulator's slice j, given its pieces */
-  auto slice_col = [](int j, int n0, int c0, int c1) { return j < n0 / 8 ? c0 + 8 * j : c1 + 8 * (j - n0 / 8); };
+  auto slice_col = [](int j, int n0, int c0, int c1) {
+    return j < n0 / 8 ? c0 + 8 * j : c1 + 8 * (j - n0 / 8);
+  };
   const bool issuer = (ctid & 127) == 0; /* issues this warpgroup's dQ reductions */
 
   float dk[S::DC / 8][4], dv[S::DC / 8][4];

@@ -51,8 +51,8 @@ fa_status make_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t s
  * batch * seqlen rows (map_kv in wgmma.cuh gives a sequence's coordinates), so
  * each sequence's map ends at its last used key. */
 fa_status make_kv_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t seqlen,
-                      int64_t heads, int64_t batch, int64_t ss, int64_t sh, int64_t sb,
-                      bool varlen, bool cache, int box_rows);
+                      int64_t heads, int64_t batch, int64_t ss, int64_t sh, int64_t sb, bool varlen,
+                      bool cache, int box_rows);
 /* The same map of a packed (batch, heads, seqlen, d) float32 tensor (the dQ
  * accumulator; varlen: (heads, total rows, d)), boxes of 32 columns x
  * box_rows rows: rows past a sequence's end are outside it, so reductions

@@ -72,8 +72,8 @@ fa_status make_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t s
 }
 
 fa_status make_kv_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t seqlen,
-                      int64_t heads, int64_t batch, int64_t ss, int64_t sh, int64_t sb,
-                      bool varlen, bool cache, int box_rows) {
+                      int64_t heads, int64_t batch, int64_t ss, int64_t sh, int64_t sb, bool varlen,
+                      bool cache, int box_rows) {
   if (cache && !varlen)
     return make_map(m, bf16, base, d, batch * seqlen, heads, 1, ss, sh, sb, true, box_rows);
   return make_map(m, bf16, base, d, seqlen, heads, batch, ss, sh, sb, varlen, box_rows);

@@ -7,6 +7,8 @@
  *           padded head dim, 128 at 65-96 (the Hopper kernel pads those; the
  *           sm_80 kernel uses the start of each row); not
  *           with params.deterministic, whose dQ kernel keeps dQ in registers.
+ *   kv_done batch * heads_k ints (not with params.deterministic either): the
+ *           Hopper kv kernel's finished blocks per (sequence, K/V head).
  * For varlen, total_q is q's seqlen (the packed rows). O(B H N D), never N^2.
  * The flash kernels need q, k, v, o, dout, dq, dk, dv 16-byte aligned with
  * strides that are multiples of 8 elements (else FA_ERR_UNSUPPORTED). */
@@ -29,6 +31,11 @@ size_t rows_bytes(const fa_problem *pb) {
   return round256((size_t)pb->heads_q * (size_t)pb->total_q * sizeof(float));
 }
 
+size_t dq_acc_bytes(const fa_problem *pb) {
+  return round256((size_t)pb->heads_q * (size_t)pb->total_q * (size_t)dq_acc_cols(pb->headdim) *
+                  sizeof(float));
+}
+
 template <typename T>
 fa_status bwd_dispatch(const fa::BwdArgs &a, cudaStream_t s) {
 #ifdef FA_HAVE_SM90A
@@ -47,8 +54,7 @@ size_t fa_cuda_backward_workspace(const fa_problem *pb) {
   if (!fa::is_flash(pb)) return 0;
   size_t n = 2 * rows_bytes(pb);
   if (!pb->params->deterministic)
-    n += (size_t)pb->heads_q * (size_t)pb->total_q * (size_t)dq_acc_cols(pb->headdim) *
-         sizeof(float);
+    n += dq_acc_bytes(pb) + (size_t)pb->batch * (size_t)pb->heads_k * sizeof(int);
   return n;
 }
 
@@ -70,6 +76,7 @@ fa_status fa_cuda_backward(const fa_problem *pb) {
   a.dsum = (float *)ws;
   a.lse2 = (float *)(ws + rows_bytes(pb));
   a.dq_acc = pr->deterministic ? NULL : (float *)(ws + 2 * rows_bytes(pb));
+  a.kv_done = pr->deterministic ? NULL : (int *)(ws + 2 * rows_bytes(pb) + dq_acc_bytes(pb));
   int64_t *st[5][3] = {{&a.o_sb, &a.o_ss, &a.o_sh},
                        {&a.do_sb, &a.do_ss, &a.do_sh},
                        {&a.dq_sb, &a.dq_ss, &a.dq_sh},

@@ -39,6 +39,11 @@ struct BwdArgs : AttnArgs {
   float *dsum;   /* Di (lse layout) */
   float *lse2;   /* lse * log2(e); +inf for fully masked rows (lse layout) */
   float *dq_acc; /* float32 dQ, row = lse index, DP columns; NULL when deterministic */
+  /* Per (sequence, K/V head): the kv kernel's blocks done with their dQ
+   * reductions, zeroed by the prep kernel; the Hopper kernel counts them so
+   * that its dQ conversion can start on finished heads while its last blocks
+   * run (sm90::bwd_convert_kernel). NULL when deterministic. */
+  int *kv_done;
   int64_t o_sb, o_ss, o_sh, do_sb, do_ss, do_sh, dq_sb, dq_ss, dq_sh, dk_sb, dk_ss, dk_sh;
   int64_t dv_sb, dv_ss, dv_sh;
   float scale;
@@ -205,17 +210,21 @@ __device__ __forceinline__ int64_t row_off(const SeqView &sv, bool keys, int64_t
  * kernel ends on the first sequence's first heads (their dO rows and zeroed dQ
  * rows), where the kv kernel begins, and the convert kernel begins on the dQ
  * rows the kv kernel reduced last (issue 7's sparse cases, whose dQ traffic
- * does not shrink with density; docs/PERF.md). */
+ * does not shrink with density; docs/PERF.md). The Hopper conversion follows
+ * the kv kernel's order instead (sm90::bwd_convert_kernel): it overlaps it. */
 __device__ __forceinline__ dim3 rows_block() {
   return dim3(gridDim.x - 1 - blockIdx.x, gridDim.y - 1 - blockIdx.y, gridDim.z - 1 - blockIdx.z);
 }
 
-/* Di = rowsum(dO o O), lse2, zeroed dQ accumulator; one warp per row. */
+/* Di = rowsum(dO o O), lse2, zeroed dQ accumulator (and kv_done counters);
+ * one warp per row. */
 template <typename T, int DP>
 __global__ void __launch_bounds__(256) bwd_prep_kernel(const BwdArgs p) {
   constexpr float LOG2E = FA_LOG2E;
   const dim3 blk = rows_block();
   const int b = blk.z, h = blk.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (p.kv_done && blk.x == 0 && h % p.group == 0 && threadIdx.x == 0)
+    p.kv_done[b * (p.heads_q / p.group) + h / p.group] = 0;
   const SeqView sv = seq_view(p, b);
 #pragma unroll 1
   for (int i = 0; i < kBwdRowsPerBlock / 8; ++i) {
@@ -254,34 +263,49 @@ __global__ void __launch_bounds__(256) bwd_prep_kernel(const BwdArgs p) {
   }
 }
 
-/* dQ = scale * accumulator, in the storage dtype; one warp per row. */
+/* dQ = scale * accumulator, in the storage dtype, for rows [x
+ * kBwdRowsPerBlock, +kBwdRowsPerBlock) of head h of sequence b; 256 threads,
+ * each warp kBwdRowsPerBlock / 8 rows, a lane 8 columns. A warp's rows are
+ * all loaded before any is stored, so their loads are in flight together. */
+template <typename T, int DP>
+__device__ __forceinline__ void bwd_dq_convert_rows(const BwdArgs &p, int b, int h, int x) {
+  static_assert(DP <= 256, "a lane's 8 columns cover the row");
+  constexpr int R = kBwdRowsPerBlock / 8;
+  const int c = (threadIdx.x & 31) * 8, row0 = x * kBwdRowsPerBlock + (threadIdx.x >> 5) * R;
+  const SeqView sv = seq_view(p, b);
+  const int rows = min(R, sv.nq - row0);
+  if (c >= p.d || rows <= 0) return;
+  float4 v[R][2];
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+    if (i < rows) {
+      const float *src = p.dq_acc + (sv.lse0 + h * sv.lse_hs + row0 + i) * DP + c;
+      v[i][0] = *reinterpret_cast<const float4 *>(src);
+      v[i][1] = *reinterpret_cast<const float4 *>(src + 4);
+    }
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+    if (i < rows) {
+      T *dst = (T *)p.dq + row_off(sv, false, p.dq_sb, p.dq_ss, p.dq_sh, row0 + i, h) + c;
+      const float4 lo = v[i][0], hi = v[i][1];
+      if (c + 8 <= p.d) {
+        uint4 r;
+        r.x = pack2<T>(lo.x * p.scale, lo.y * p.scale);
+        r.y = pack2<T>(lo.z * p.scale, lo.w * p.scale);
+        r.z = pack2<T>(hi.x * p.scale, hi.y * p.scale);
+        r.w = pack2<T>(hi.z * p.scale, hi.w * p.scale);
+        *reinterpret_cast<uint4 *>(dst) = r;
+      } else {
+        const float e8[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        for (int e = 0; e < p.d - c; ++e) dst[e] = T(e8[e] * p.scale);
+      }
+    }
+}
+
 template <typename T, int DP>
 __global__ void __launch_bounds__(256) bwd_dq_convert_kernel(const BwdArgs p) {
   const dim3 blk = rows_block();
-  const int b = blk.z, h = blk.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const SeqView sv = seq_view(p, b);
-#pragma unroll 1
-  for (int i = 0; i < kBwdRowsPerBlock / 8; ++i) {
-    const int row = blk.x * kBwdRowsPerBlock + warp * (kBwdRowsPerBlock / 8) + i;
-    if (row >= sv.nq) return;
-    const float *src = p.dq_acc + (sv.lse0 + h * sv.lse_hs + row) * DP;
-    T *dst = (T *)p.dq + row_off(sv, false, p.dq_sb, p.dq_ss, p.dq_sh, row, h);
-    for (int c = lane * 8; c < p.d; c += 256) {
-      const float4 x = *reinterpret_cast<const float4 *>(src + c);
-      const float4 y = *reinterpret_cast<const float4 *>(src + c + 4);
-      if (c + 8 <= p.d) {
-        uint4 r;
-        r.x = pack2<T>(x.x * p.scale, x.y * p.scale);
-        r.y = pack2<T>(x.z * p.scale, x.w * p.scale);
-        r.z = pack2<T>(y.x * p.scale, y.y * p.scale);
-        r.w = pack2<T>(y.z * p.scale, y.w * p.scale);
-        *reinterpret_cast<uint4 *>(dst + c) = r;
-      } else {
-        const float v[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
-        for (int e = 0; e < p.d - c; ++e) dst[c + e] = T(v[e] * p.scale);
-      }
-    }
-  }
+  bwd_dq_convert_rows<T, DP>(p, blk.z, blk.y, blk.x);
 }
 
 /* The score transform of the forward, in log2 units, for one element: raw

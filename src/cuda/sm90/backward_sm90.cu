@@ -1,7 +1,10 @@
 /* FlashAttention-2 backward on Hopper: the key/value kernel of
- * backward_kernel.cuh (launch 2 of 3; the Di/lse2 preparation and the dQ
- * conversion are that file's kernels) on warpgroup MMA fed by TMA, with warp
- * specialisation as in forward_sm90.cu.
+ * backward_kernel.cuh (launch 2 of 3; the Di/lse2 preparation is that file's
+ * kernel) on warpgroup MMA fed by TMA, with warp specialisation as in
+ * forward_sm90.cu, and the dQ conversion (launch 3) overlapping its last
+ * blocks: each block counts itself done per (sequence, K/V head) once its dQ
+ * reductions have completed, and the conversion, a programmatic dependent
+ * launch, converts a head's rows once all of its blocks are counted.
  *
  * A thread block owns BC = 128 keys of one (K/V head, sequence): warpgroup 0
  * is the producer (one thread: K and V once, then Q_i and dO_i tiles of BR
@@ -26,6 +29,7 @@
  * (block masks as in the forward), padded head dims 64, 128, 192 and 256, not
  * deterministic. */
 #include "../backward_kernel.cuh"
+#include "schedule.cuh"
 #include "sm90.h"
 #include "wgmma.cuh"
 
@@ -150,11 +154,18 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   };
 
   if (threadIdx.x == 0) FA_TRACE(0);
+  /* the dQ conversion may launch once every block has started (it waits
+   * for each head's blocks through kv_done) */
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   const int b = blockIdx.z, hk = blockIdx.y;
+  int *const done = p.kv_done + b * gridDim.y + hk;
   const SeqView sv = seq_view(p, b);
   const int nq = sv.nq, nk = sv.nk;
   const int c0 = blockIdx.x * BC;
-  if (c0 >= nk) return;
+  if (c0 >= nk) {
+    if (threadIdx.x == 0) atomicAdd(done, 1); /* nothing to reduce: counted at once */
+    return;
+  }
   const int cols = min(BC, nk - c0);
   const fa_mask mk =
       fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
@@ -452,8 +463,54 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
         (T *)p.dv + row_off(sv, true, p.dv_sb, p.dv_ss, p.dv_sh, k_lo, hk) + c_lo, p.dv_ss, sdv,
         valid, cols, ctid & 127);
   }
-  if (issuer) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  /* The block's dQ reductions complete (not only read their staging: the
+   * conversion reads the sums); then it counts itself done for its head,
+   * the release ordering those sums before the count. */
+  if (issuer) {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  }
+  named_sync(1, NC);
+  if (ctid == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(done) : "memory");
   if (ctid == 0) FA_TRACE(3);
+#endif
+}
+
+/* dQ = scale * accumulator (bwd_dq_convert_rows), launched to overlap the
+ * kv kernel's last blocks (a programmatic dependent launch: its CTAs take the
+ * SMs those blocks free). Persistent: CTA i converts the i-th run of row
+ * blocks in the kv kernel's order (sequences, heads, rows), so that the CTAs
+ * that start first convert the heads finished first, each head once its
+ * kv_blocks blocks are done (one acquire per head and run); then it waits for
+ * the whole kv grid, so that the stream's next work sees dK and dV too. */
+template <typename T, int DP>
+__global__ void __launch_bounds__(256) bwd_convert_kernel(const BwdArgs p, int kv_blocks) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const int nx = (p.max_seqlen_q + kBwdRowsPerBlock - 1) / kBwdRowsPerBlock;
+  const int total = nx * p.heads_q * p.batch, hk_all = p.heads_q / p.group;
+  const int run = (total + gridDim.x - 1) / gridDim.x, t1 = min(total, (blockIdx.x + 1) * run);
+  int known = -1; /* the (sequence, K/V head) last waited for */
+  for (int t = blockIdx.x * run; t < t1; ++t) {
+    const int x = t % nx, h = t / nx % p.heads_q, b = t / nx / p.heads_q;
+    const int kvh = b * hk_all + h / p.group;
+    if (kvh != known) {
+      if (threadIdx.x == 0) {
+        int n;
+        for (;;) {
+          asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n"
+                       : "=r"(n)
+                       : "l"(p.kv_done + kvh)
+                       : "memory");
+          if (n >= kv_blocks) break;
+          __nanosleep(256);
+        }
+      }
+      __syncthreads();
+      known = kvh;
+    }
+    bwd_dq_convert_rows<T, DP>(p, b, h, x);
+  }
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
 
@@ -484,9 +541,28 @@ fa_status bwd_launch(const BwdArgs &a, cudaStream_t stream) {
   if ((st = smem_limit_once(kernel, smem, attr_done)) != FA_OK) return st;
   const dim3 kv_grid((unsigned)((a.max_seqlen_k + S::BC - 1) / S::BC), (unsigned)hk,
                      (unsigned)a.batch);
-  if (kv_grid.x > 0) kernel<<<kv_grid, (S::NWG + 1) * 128, smem, stream>>>(prm);
+  if (kv_grid.x == 0) return bwd_rows_launch<T, D>(a, stream, true); /* dQ = 0 */
+  kernel<<<kv_grid, (S::NWG + 1) * 128, smem, stream>>>(prm);
   if ((st = launch_status()) != FA_OK) return st;
-  return bwd_rows_launch<T, D>(a, stream, true);
+  /* the conversion, 8 CTAs of 256 threads per SM (as many as fit), launched
+   * as the kv kernel's programmatic dependent */
+  const int64_t rows =
+      (a.max_seqlen_q + kBwdRowsPerBlock - 1) / kBwdRowsPerBlock * a.heads_q * a.batch;
+  if (rows == 0) return FA_OK;
+  if (rows > INT_MAX / 2) return bwd_rows_launch<T, D>(a, stream, true); /* 32-bit indices */
+  cudaLaunchConfig_t cfg = {};
+  const int sms = persistent_ctas(std::min<int64_t>(rows, 1 << 20));
+  cfg.gridDim = dim3((unsigned)std::min<int64_t>(rows, 8 * (int64_t)sms));
+  cfg.blockDim = dim3(256);
+  cfg.stream = stream;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, bwd_convert_kernel<T, D>, a, (int)kv_grid.x);
+  if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
+  return launch_status();
 }
 
 }  // namespace sm90

@@ -21,6 +21,7 @@
 #include <limits.h>
 
 #include <type_traits>
+#include <utility>
 
 #include "backend.h"
 #include "common/log2.h"
@@ -722,23 +723,33 @@ __global__ void __launch_bounds__(256) fwd_combine_kernel(const FwdArgs p) {
   if (lane == 0) p.lse[row] = L > 0.f ? M + logf(L) : -INFINITY;
 }
 
-/* The combine after a split forward; pdl: as a programmatic dependent launch
- * (the Hopper kernel triggers it at its start, so its blocks take the SMs
- * that kernel's last CTAs free). */
-template <typename T, int D>
-fa_status fwd_combine_launch(const FwdArgs &a, cudaStream_t stream, bool pdl) {
+/* kernel<<<grid, block, 0, stream>>>(args), as a programmatic dependent
+ * launch when pdl: its blocks may start once every block of the stream's
+ * previous kernel has executed griddepcontrol.launch_dependents (or ended),
+ * taking the SMs that kernel's last blocks free. */
+template <typename... P, typename... A>
+fa_status launch_dependent(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream,
+                           bool pdl, A &&...args) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)((a.part_rows + 7) / 8));
-  cfg.blockDim = dim3(256);
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
   cfg.stream = stream;
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   at[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = at;
   cfg.numAttrs = pdl ? 1 : 0;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, fwd_combine_kernel<T, D>, a);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
   if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
   return launch_status();
+}
+
+/* The combine after a split forward; pdl: as a programmatic dependent launch
+ * (the Hopper kernel triggers it at its start). */
+template <typename T, int D>
+fa_status fwd_combine_launch(const FwdArgs &a, cudaStream_t stream, bool pdl) {
+  return launch_dependent(fwd_combine_kernel<T, D>, dim3((unsigned)((a.part_rows + 7) / 8)),
+                          dim3(256), stream, pdl, a);
 }
 
 /* Launches the kernel for padded head dim D with tile shape C (MT, NW, BC,

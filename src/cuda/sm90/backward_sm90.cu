@@ -550,19 +550,10 @@ fa_status bwd_launch(const BwdArgs &a, cudaStream_t stream) {
       (a.max_seqlen_q + kBwdRowsPerBlock - 1) / kBwdRowsPerBlock * a.heads_q * a.batch;
   if (rows == 0) return FA_OK;
   if (rows > INT_MAX / 2) return bwd_rows_launch<T, D>(a, stream, true); /* 32-bit indices */
-  cudaLaunchConfig_t cfg = {};
   const int sms = persistent_ctas(std::min<int64_t>(rows, 1 << 20));
-  cfg.gridDim = dim3((unsigned)std::min<int64_t>(rows, 8 * (int64_t)sms));
-  cfg.blockDim = dim3(256);
-  cfg.stream = stream;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = at;
-  cfg.numAttrs = 1;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, bwd_convert_kernel<T, D>, a, (int)kv_grid.x);
-  if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
-  return launch_status();
+  return launch_dependent(bwd_convert_kernel<T, D>,
+                          dim3((unsigned)std::min<int64_t>(rows, 8 * (int64_t)sms)), dim3(256),
+                          stream, true, a, (int)kv_grid.x);
 }
 
 }  // namespace sm90

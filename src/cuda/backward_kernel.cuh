@@ -205,6 +205,11 @@ __device__ __forceinline__ int64_t row_off(const SeqView &sv, bool keys, int64_t
   return (keys ? sv.kb : sv.qb) * sb + ((keys ? sv.k0 : sv.q0) + row) * ss + h * sh;
 }
 
+/* The kv_done counter of (sequence b, K/V head hk). */
+__device__ __forceinline__ int *kv_done_of(const BwdArgs &p, int b, int hk) {
+  return p.kv_done + b * (p.heads_q / p.group) + hk;
+}
+
 /* Both row kernels walk their grid backwards, so that what one kernel
  * touched last is what the next one starts with, still in L2: the prep
  * kernel ends on the first sequence's first heads (their dO rows and zeroed dQ
@@ -224,7 +229,7 @@ __global__ void __launch_bounds__(256) bwd_prep_kernel(const BwdArgs p) {
   const dim3 blk = rows_block();
   const int b = blk.z, h = blk.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (p.kv_done && blk.x == 0 && h % p.group == 0 && threadIdx.x == 0)
-    p.kv_done[b * (p.heads_q / p.group) + h / p.group] = 0;
+    *kv_done_of(p, b, h / p.group) = 0;
   const SeqView sv = seq_view(p, b);
 #pragma unroll 1
   for (int i = 0; i < kBwdRowsPerBlock / 8; ++i) {

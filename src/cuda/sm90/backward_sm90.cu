@@ -158,7 +158,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
    * for each head's blocks through kv_done) */
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   const int b = blockIdx.z, hk = blockIdx.y;
-  int *const done = p.kv_done + b * gridDim.y + hk;
+  int *const done = kv_done_of(p, b, hk);
   const SeqView sv = seq_view(p, b);
   const int nq = sv.nq, nk = sv.nk;
   const int c0 = blockIdx.x * BC;
@@ -487,26 +487,23 @@ template <typename T, int DP>
 __global__ void __launch_bounds__(256) bwd_convert_kernel(const BwdArgs p, int kv_blocks) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const int nx = (p.max_seqlen_q + kBwdRowsPerBlock - 1) / kBwdRowsPerBlock;
-  const int total = nx * p.heads_q * p.batch, hk_all = p.heads_q / p.group;
+  const int total = nx * p.heads_q * p.batch;
   const int run = (total + gridDim.x - 1) / gridDim.x, t1 = min(total, (blockIdx.x + 1) * run);
-  int known = -1; /* the (sequence, K/V head) last waited for */
+  const int *known = nullptr; /* the (sequence, K/V head) counter last waited for */
   for (int t = blockIdx.x * run; t < t1; ++t) {
     const int x = t % nx, h = t / nx % p.heads_q, b = t / nx / p.heads_q;
-    const int kvh = b * hk_all + h / p.group;
-    if (kvh != known) {
+    const int *done = kv_done_of(p, b, h / p.group);
+    if (done != known) {
       if (threadIdx.x == 0) {
         int n;
         for (;;) {
-          asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n"
-                       : "=r"(n)
-                       : "l"(p.kv_done + kvh)
-                       : "memory");
+          asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(n) : "l"(done) : "memory");
           if (n >= kv_blocks) break;
           __nanosleep(256);
         }
       }
       __syncthreads();
-      known = kvh;
+      known = done;
     }
     bwd_dq_convert_rows<T, DP>(p, b, h, x);
   }
@@ -550,10 +547,9 @@ fa_status bwd_launch(const BwdArgs &a, cudaStream_t stream) {
       (a.max_seqlen_q + kBwdRowsPerBlock - 1) / kBwdRowsPerBlock * a.heads_q * a.batch;
   if (rows == 0) return FA_OK;
   if (rows > INT_MAX / 2) return bwd_rows_launch<T, D>(a, stream, true); /* 32-bit indices */
-  const int sms = persistent_ctas(std::min<int64_t>(rows, 1 << 20));
-  return launch_dependent(bwd_convert_kernel<T, D>,
-                          dim3((unsigned)std::min<int64_t>(rows, 8 * (int64_t)sms)), dim3(256),
-                          stream, true, a, (int)kv_grid.x);
+  const int64_t ctas = std::min<int64_t>(rows, 8 * (int64_t)persistent_ctas(rows));
+  return launch_dependent(bwd_convert_kernel<T, D>, dim3((unsigned)ctas), dim3(256), stream, true,
+                          a, (int)kv_grid.x);
 }
 
 }  // namespace sm90

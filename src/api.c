@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "common/dtype.h"
 #include "common/philox.h"
 
 #define FA_STR2(x) #x
@@ -48,18 +49,7 @@ const char *fa_status_string(fa_status status) {
   return "unknown status";
 }
 
-size_t fa_dtype_size(fa_dtype dtype) {
-  switch (dtype) {
-    case FA_DTYPE_F32:
-      return 4;
-    case FA_DTYPE_F16:
-    case FA_DTYPE_BF16:
-      return 2;
-    case FA_DTYPE_F64:
-      return 8;
-  }
-  return 0;
-}
+size_t fa_dtype_size(fa_dtype dtype) { return fa_dtype_bytes(dtype); }
 
 fa_tensor fa_tensor_bnhd(void *data, fa_dtype dtype, int64_t batch, int64_t seqlen, int64_t heads,
                          int64_t headdim) {
@@ -95,7 +85,7 @@ typedef struct fa_span {
 
 static fa_status check_tensor(const fa_tensor *t, const char *name, int is_output, fa_span *span) {
   if (!t) return FA_INVALID("%s: tensor descriptor is NULL", name);
-  if (fa_dtype_size(t->dtype) == 0) return FA_INVALID("%s: unknown dtype %d", name, (int)t->dtype);
+  if (fa_dtype_bytes(t->dtype) == 0) return FA_INVALID("%s: unknown dtype %d", name, (int)t->dtype);
   if (t->batch < 1)
     return FA_INVALID("%s: batch must be >= 1 (got %lld)", name, (long long)t->batch);
   if (t->seqlen < 1)
@@ -115,7 +105,7 @@ static fa_status check_tensor(const fa_tensor *t, const char *name, int is_outpu
   double far = (double)(t->batch - 1) * (double)t->stride_batch +
                (double)(t->seqlen - 1) * (double)t->stride_seq +
                (double)(t->heads - 1) * (double)t->stride_head + (double)t->headdim;
-  if (far * (double)fa_dtype_size(t->dtype) > (double)((int64_t)1 << 62))
+  if (far * (double)fa_dtype_bytes(t->dtype) > (double)((int64_t)1 << 62))
     return FA_INVALID("%s: sizes and strides address more than 2^62 bytes", name);
   int64_t last = (t->batch - 1) * t->stride_batch + (t->seqlen - 1) * t->stride_seq +
                  (t->heads - 1) * t->stride_head + t->headdim;
@@ -147,7 +137,7 @@ static fa_status check_tensor(const fa_tensor *t, const char *name, int is_outpu
     /* only the calls read data; fa_workspace_size passes no span */
     if (!t->data) return FA_INVALID("%s: data pointer is NULL", name);
     span->lo = (uintptr_t)t->data;
-    span->hi = span->lo + (uintptr_t)last * fa_dtype_size(t->dtype);
+    span->hi = span->lo + (uintptr_t)last * fa_dtype_bytes(t->dtype);
   }
   return FA_OK;
 }
@@ -161,7 +151,7 @@ static int strided_disjoint(const fa_tensor *a, const fa_tensor *b) {
       a->seqlen != b->seqlen || a->heads != b->heads || a->headdim != b->headdim)
     return 0;
   intptr_t diff = (intptr_t)((const char *)b->data - (const char *)a->data);
-  intptr_t es = (intptr_t)fa_dtype_size(a->dtype);
+  intptr_t es = (intptr_t)fa_dtype_bytes(a->dtype);
   if (diff % es) return 0;
   int64_t delta = (int64_t)(diff / es);
   int64_t n[4] = {a->batch, a->seqlen, a->heads, a->headdim};

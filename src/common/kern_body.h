@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "common/convert.h"
+#include "common/dtype.h"
 #include "common/kern.h"
 
 /* Vector registers the including ISA has (16 unless it says 32): the decode
@@ -403,8 +404,8 @@ static inline vf SFX(load8)(const void *src, int64_t i, fa_dtype dt) {
     case FA_DTYPE_BF16:
       return vf_load_bf16((const uint16_t *)src + i);
     default: {
-      float t[FA_VL];
-      fa_load_row_f32(t, (const char *)src + i * (int64_t)fa_dtype_size(dt), dt, FA_VL);
+      float t[FA_VL] = {0}; /* an unknown dtype writes nothing */
+      fa_load_row_f32(t, (const char *)src + i * (int64_t)fa_dtype_bytes(dt), dt, FA_VL);
       return vf_load(t);
     }
   }
@@ -420,7 +421,7 @@ static inline void SFX(load_row)(float *dst, int bw, int64_t dps, const void *sr
       vf_store(o, SFX(load8)(src, c, dt));
   if (c < d) {
     float t[FA_VL] = {0};
-    fa_load_row_f32(t, (const char *)src + c * (int64_t)fa_dtype_size(dt), dt, d - c);
+    fa_load_row_f32(t, (const char *)src + c * (int64_t)fa_dtype_bytes(dt), dt, d - c);
     memcpy(dst + c / bw * dps + c % bw, t, sizeof t);
   }
 }
@@ -437,7 +438,7 @@ static void SFX(load_panels_t)(float *dst, int bw, int64_t dps, const void *src,
    * each column's 8 rows into one vector store (bw is a multiple of 8) */
   float rows[FA_VL][FA_MAX_HEADDIM + FA_VL];
   const int64_t nrp = fa_round_up(nr, bw), dv = fa_round_up(d, FA_VL);
-  const int64_t bytes = d * (int64_t)fa_dtype_size(dt);
+  const int64_t bytes = d * (int64_t)fa_dtype_bytes(dt);
   for (int64_t r0 = 0; r0 < nrp; r0 += FA_VL) {
     /* the next 8 rows, a row stride apart (too far for the hardware
      * prefetcher), while these convert */
@@ -472,12 +473,12 @@ static inline void SFX(conv_row)(float *dst, const char *src, fa_dtype dt, int64
     for (; c < dv; c += FA_VL) vf_store(dst + c, vf_load((const float *)src + c));
   if (c < d) /* row-major: one panel as wide as any row */
     SFX(load_row)
-  (dst + c, FA_MAX_HEADDIM + FA_VL, 0, src + c * (int64_t)fa_dtype_size(dt), dt, d - c);
+  (dst + c, FA_MAX_HEADDIM + FA_VL, 0, src + c * (int64_t)fa_dtype_bytes(dt), dt, d - c);
 }
 
 static void SFX(load_kv)(float *K, float *V, int64_t ld, const void *k, int64_t ks, const void *v,
                          int64_t vs, fa_dtype dt, int64_t nr, int64_t d, int64_t pf, int64_t npf) {
-  const int64_t bytes = d * (int64_t)fa_dtype_size(dt);
+  const int64_t bytes = d * (int64_t)fa_dtype_bytes(dt);
   const char *kc = (const char *)k, *vc = (const char *)v;
   for (int64_t r = 0; r < nr; r++) {
     if (r + pf < npf)
@@ -558,7 +559,7 @@ static void SFX(dots_kv)(int64_t m, int64_t n, int64_t d, const float *Q, int64_
                          const void *k, int64_t ks, fa_dtype dt, float *S, int64_t lds, float alpha,
                          int64_t pf, int64_t npf) {
   const char *kc = (const char *)k;
-  const int64_t bytes = d * (int64_t)fa_dtype_size(dt);
+  const int64_t bytes = d * (int64_t)fa_dtype_bytes(dt);
   for (int64_t r0 = 0; r0 < m;) {
     const int RG = m - r0 >= 4 ? 4 : m - r0 >= 2 ? 2 : 1, KG = KB_DOT_NV * FA_VL / RG;
     for (int64_t j0 = 0; j0 < n; j0 += KG) {
@@ -679,7 +680,7 @@ KB_PVT(4, KB_PV_CG4)
 static void SFX(pv_kv)(int64_t m, int64_t n, int64_t d, const float *P, int64_t ldp, const void *v,
                        int64_t vs, fa_dtype dt, float *O, int64_t ldo, const float *rowscale,
                        const int32_t *lo, const int32_t *hi, int64_t pf, int64_t npf) {
-  const int64_t bytes = d * (int64_t)fa_dtype_size(dt);
+  const int64_t bytes = d * (int64_t)fa_dtype_bytes(dt);
   int64_t r = 0;
   if (!lo && m > 1) { /* row groups share each V vector; a row's columns past whole groups below */
     for (int64_t j = 0; j < npf - pf && j < n; j++)
@@ -825,7 +826,7 @@ static void SFX(store_row)(void *dst, const float *src, float s, fa_dtype dt, in
     }
   for (; i < n; i++) {
     const float v = src[i] * s;
-    fa_store_row_f32((char *)dst + i * (int64_t)fa_dtype_size(dt), &v, dt, 1);
+    fa_store_row_f32((char *)dst + i * (int64_t)fa_dtype_bytes(dt), &v, dt, 1);
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include "backend.h"
 #include "common/convert.h"
+#include "common/dtype.h"
 #include "common/kern.h"
 #include "common/mask.h"
 #include "common/philox.h"
@@ -100,7 +101,7 @@ static inline void cpu_ctx_init(cpu_ctx *c, const fa_problem *pb, int64_t rt, in
   c->Dp = fa_round_up(c->D, FA_VL);
   cpu_block_sizes(c->D, rt, ct, st, &c->br, &c->bc);
   c->brp = fa_round_up(c->br, 16);
-  c->esize = fa_dtype_size(pb->dtype);
+  c->esize = fa_dtype_bytes(pb->dtype);
   c->scale = pb->scale;
   c->cap = pb->params->softcap;
   c->drop =

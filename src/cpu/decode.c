@@ -90,7 +90,7 @@ static dec_plan dec_make_plan(const fa_problem *pb) {
   const int64_t nk = cpu_max(1, pb->max_seqlen_k);
   p.split = cpu_max(DEC_MIN_SPLIT, fa_round_up(cpu_cdiv(nk, DEC_MAX_SPLITS), DEC_BK));
   p.nsplit = cpu_cdiv(nk, p.split);
-  const int64_t row = pb->heads_k * pb->headdim * (int64_t)fa_dtype_size(pb->dtype);
+  const int64_t row = pb->heads_k * pb->headdim * (int64_t)fa_dtype_bytes(pb->dtype);
   p.rows_bk =
       dec_rows_path(pb, &p) ? cpu_min(DEC_ROWS_MAX, cpu_max(DEC_BK, DEC_ROWS_BYTES / row)) : DEC_BK;
   p.units = pb->batch * p.nsplit;

@@ -12,6 +12,7 @@
 
 #include "backend.h"
 #include "common/convert.h"
+#include "common/dtype.h"
 #include "common/mask.h"
 #include "common/philox.h"
 #include "ref/standard_fast.h"
@@ -54,7 +55,7 @@ static inline void fa_store_row_f64(void *dst, const double *src, fa_dtype dt, i
   }
   for (i = 0; i < n; i++) {
     float f = (float)src[i];
-    fa_store_row_f32((char *)dst + i * (int64_t)fa_dtype_size(dt), &f, dt, 1);
+    fa_store_row_f32((char *)dst + i * (int64_t)fa_dtype_bytes(dt), &f, dt, 1);
   }
 }
 

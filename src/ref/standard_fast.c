@@ -31,6 +31,7 @@
 
 #include "backend.h"
 #include "common/convert.h"
+#include "common/dtype.h"
 #include "common/kern.h"
 #include "common/mask.h"
 #include "common/philox.h"
@@ -115,7 +116,7 @@ static int sf_dbw(int64_t Dp) {
 
 static const char *sf_row(const fa_problem *pb, const fa_tensor *t, int64_t b, int64_t n,
                           int64_t h) {
-  return (const char *)t->data + fa_tensor_offset(t, b, n, h) * (int64_t)fa_dtype_size(pb->dtype);
+  return (const char *)t->data + fa_tensor_offset(t, b, n, h) * (int64_t)fa_dtype_bytes(pb->dtype);
 }
 
 /* Rows [0, n) of head h of tensor t (sequence start b, r0) to float32 rows of Dp. */
@@ -123,14 +124,14 @@ static void sf_load_rows(const fa_problem *pb, const fa_kern *kn, float *dst, co
                          int64_t b, int64_t r0, int64_t h, int64_t n) {
   const int64_t Dp = fa_round_up(pb->headdim, FA_VL);
   kn->load_panels(dst, (int)Dp, 0, sf_row(pb, t, b, r0, h),
-                  t->stride_seq * (int64_t)fa_dtype_size(pb->dtype), pb->dtype, n, pb->headdim);
+                  t->stride_seq * (int64_t)fa_dtype_bytes(pb->dtype), pb->dtype, n, pb->headdim);
 }
 
 /* The same, transposed into 16-wide panels (Nkp x D): the B operand of X Y^T. */
 static void sf_load_rows_t(const fa_problem *pb, const fa_kern *kn, float *dst, const fa_tensor *t,
                            int64_t b, int64_t r0, int64_t h, int64_t n) {
   kn->load_panels_t(dst, 16, 16 * pb->headdim, sf_row(pb, t, b, r0, h),
-                    t->stride_seq * (int64_t)fa_dtype_size(pb->dtype), pb->dtype, n, pb->headdim);
+                    t->stride_seq * (int64_t)fa_dtype_bytes(pb->dtype), pb->dtype, n, pb->headdim);
 }
 
 /* Columns [*c0, *c1) of rows [i0, i0+n): the 16-wide panels that hold their

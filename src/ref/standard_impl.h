@@ -43,7 +43,7 @@ static REAL SFX(ref_round)(REAL x, fa_dtype dt) {
 }
 
 static const char *SFX(ref_row)(const fa_tensor *t, int64_t b, int64_t n, int64_t h) {
-  return (const char *)t->data + fa_tensor_offset(t, b, n, h) * (int64_t)fa_dtype_size(t->dtype);
+  return (const char *)t->data + fa_tensor_offset(t, b, n, h) * (int64_t)fa_dtype_bytes(t->dtype);
 }
 
 /* Loads rows [r0, r0+n) of head h of a K/V-shaped tensor into dst (n x D). */

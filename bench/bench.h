@@ -13,6 +13,9 @@ enum { BENCH_MAX_IMPLS = 3, BENCH_MAX_PASSES = 3 };
 
 typedef enum bench_pass { BENCH_FWD = 0, BENCH_BWD = 1, BENCH_FWDBWD = 2 } bench_pass;
 typedef enum bench_layout { BENCH_BNHD = 0, BENCH_BHND = 1 } bench_layout;
+/* What standard attention materialises: S and P of the whole batch in one call (the
+ * papers' baseline), or of one (batch, K/V head) per call. */
+typedef enum bench_standard { BENCH_STD_BATCH = 0, BENCH_STD_HEAD = 1 } bench_standard;
 
 /* Everything the command line sets; bench_parse_args fills every field. */
 typedef struct bench_opts {
@@ -33,6 +36,7 @@ typedef struct bench_opts {
   int64_t block_size;   /* block-sparse: rows and keys per block */
   int64_t kv_used;      /* --kv-used: keys each sequence uses of a seqlen_k KV cache (0: all) */
   bench_layout layout;
+  bench_standard standard;
   int repeat, warmup;
   double max_time; /* seconds a case may spend in runs before it stops early; 0: no limit */
   int threads;     /* resolved: >= 1 on the CPU */
@@ -49,6 +53,7 @@ const char *bench_pass_name(bench_pass p);
 const char *bench_dtype_name(fa_dtype d);
 const char *bench_device_name(fa_device d);
 const char *bench_layout_name(bench_layout l);
+const char *bench_standard_name(bench_standard s);
 
 /* ---- device.c: memory, random inputs and timing on either device ---------- */
 

@@ -131,16 +131,52 @@ static int alloc_tensors(const bench_env *e, bench_pass pass, uint64_t seed, cas
   return 0;
 }
 
+/* --standard head: standard attention called once per (sequence b, K/V head hk)
+ * on views of the case's tensors (batch 1; the query heads of hk's group), so
+ * each call materialises S and P of that head group only. */
+static int per_head(const bench_env *e, const fa_params *p) {
+  return p->algorithm == FA_ALGO_STANDARD && e->o->standard == BENCH_STD_HEAD;
+}
+
+static fa_tensor view(const fa_tensor *t, int64_t b, int64_t h0, int64_t heads) {
+  fa_tensor v = *t;
+  if (v.data)
+    v.data = (char *)t->data +
+             (b * t->stride_batch + h0 * t->stride_head) * (int64_t)fa_dtype_size(t->dtype);
+  v.batch = 1;
+  v.heads = heads;
+  return v;
+}
+
+/* The views and params of call (b, hk) of --standard head. */
+static void head_case(const bench_env *e, const case_mem *m, const fa_params *p, int64_t b,
+                      int64_t hk, case_mem *v, fa_params *vp) {
+  const bench_opts *o = e->o;
+  const int64_t g = o->heads / o->kv_heads;
+  *v = *m;
+  for (int i = 0; i < N_TENSORS; i++)
+    v->t[i] = KV_SHAPED[i] ? view(&m->t[i], b, hk, 1) : view(&m->t[i], b, hk * g, g);
+  v->lse = m->lse ? m->lse + (b * o->heads + hk * g) * o->seqlen : NULL;
+  *vp = *p;
+  if (p->block_mask)
+    vp->block_mask =
+        p->block_mask + b * p->block_mask_stride_batch + hk * g * p->block_mask_stride_head;
+  if (p->seqused_k) vp->seqused_k = p->seqused_k + b;
+}
+
 /* Asks the library what scratch memory the case needs and passes that in.
  * The backward pass runs after an untimed forward, so both are allocated;
  * r->extra_bytes counts what the timed pass itself asks for. */
 static int alloc_workspace(const bench_env *e, bench_pass pass, fa_params *p, case_mem *m,
                            bench_result *r) {
   size_t fwd = 0, bwd = 0;
-  fa_status st = fa_workspace_size(FA_PASS_FORWARD, p, &m->t[T_Q], &m->t[T_K], &m->t[T_V], &fwd);
+  case_mem v = *m; /* --standard head: every call needs what the first one does */
+  fa_params vp = *p;
+  if (per_head(e, p)) head_case(e, m, p, 0, 0, &v, &vp);
+  fa_status st = fa_workspace_size(FA_PASS_FORWARD, &vp, &v.t[T_Q], &v.t[T_K], &v.t[T_V], &fwd);
   if (st != FA_OK) return fail_fa(r, "fa_workspace_size(forward)", st);
   if (pass != BENCH_FWD) {
-    st = fa_workspace_size(FA_PASS_BACKWARD, p, &m->t[T_Q], &m->t[T_K], &m->t[T_V], &bwd);
+    st = fa_workspace_size(FA_PASS_BACKWARD, &vp, &v.t[T_Q], &v.t[T_K], &v.t[T_V], &bwd);
     if (st != FA_OK) return fail_fa(r, "fa_workspace_size(backward)", st);
   }
   const size_t need = fwd > bwd ? fwd : bwd;
@@ -166,8 +202,8 @@ static void free_case(const bench_env *e, case_mem *m) {
   bench_free(e->o->device, m->workspace);
 }
 
-/* One run of the pass: the forward, the backward, or both. */
-static fa_status run_pass(const fa_params *p, case_mem *m, bench_pass pass, const char **call) {
+/* One call of the pass: the forward, the backward, or both. */
+static fa_status run_call(const fa_params *p, case_mem *m, bench_pass pass, const char **call) {
   fa_tensor *t = m->t;
   fa_status st = FA_OK;
   if (pass != BENCH_BWD) {
@@ -180,6 +216,21 @@ static fa_status run_pass(const fa_params *p, case_mem *m, bench_pass pass, cons
                      &t[T_DV]);
   }
   return st;
+}
+
+/* One run of the pass: one call, or with --standard head one per (sequence, K/V head). */
+static fa_status run_pass(const bench_env *e, const fa_params *p, case_mem *m, bench_pass pass,
+                          const char **call) {
+  if (!per_head(e, p)) return run_call(p, m, pass, call);
+  for (int64_t b = 0; b < e->o->batch; b++)
+    for (int64_t hk = 0; hk < e->o->kv_heads; hk++) {
+      case_mem v;
+      fa_params vp;
+      head_case(e, m, p, b, hk, &v, &vp);
+      const fa_status st = run_call(&vp, &v, pass, call);
+      if (st != FA_OK) return st;
+    }
+  return FA_OK;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -208,7 +259,7 @@ static int time_pass(const bench_env *e, bench_pass pass, const fa_params *p, ca
       rc = fail(r, BENCH_ERROR, "timer: %s", bench_device_error());
       break;
     }
-    const fa_status st = run_pass(p, m, pass, &call);
+    const fa_status st = run_pass(e, p, m, pass, &call);
     const double t = bench_timer_stop(&tm); /* waits for the device */
     if (st != FA_OK)
       rc = fail_fa(r, call, st);
@@ -249,7 +300,7 @@ static void run_case(const bench_env *e, fa_algorithm impl, bench_pass pass, uin
   const char *call = "";
   if (alloc_tensors(e, pass, seed, &m, r) == 0 && alloc_workspace(e, pass, &p, &m, r) == 0) {
     /* the backward needs O and lse from a forward: untimed */
-    const fa_status st = pass == BENCH_BWD ? run_pass(&p, &m, BENCH_FWD, &call) : FA_OK;
+    const fa_status st = pass == BENCH_BWD ? run_pass(e, &p, &m, BENCH_FWD, &call) : FA_OK;
     if (st != FA_OK)
       fail_fa(r, call, st);
     else

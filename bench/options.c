@@ -54,6 +54,8 @@ const char *bench_device_name(fa_device d) { return d == FA_DEVICE_CUDA ? "cuda"
 
 const char *bench_layout_name(bench_layout l) { return l == BENCH_BHND ? "bhnd" : "bnhd"; }
 
+const char *bench_standard_name(bench_standard s) { return s == BENCH_STD_HEAD ? "head" : "batch"; }
+
 /* ---- value parsers: each prints its own message and returns -1 on error ---- */
 
 static int bad_value(const char *flag, const char *val, const char *expected) {
@@ -255,6 +257,14 @@ static int opt_layout(parse_state *s, const char *flag, const char *val) {
   return 0;
 }
 
+static int opt_standard(parse_state *s, const char *flag, const char *val) {
+  static const char *const words[] = {"batch", "head"};
+  int i = parse_word(flag, val, words, 2, "batch or head");
+  if (i < 0) return -1;
+  s->o->standard = (bench_standard)i;
+  return 0;
+}
+
 static int opt_repeat(parse_state *s, const char *flag, const char *val) {
   s->repeat_given = 1;
   return parse_int(flag, val, 1, 1000000, &s->o->repeat);
@@ -342,6 +352,9 @@ static const opt_def OPTS[] = {
      "FLOPs are still counted dense (default: off)"},
     {"--layout", "bnhd|bhnd", TAKES_VALUE, opt_layout,
      "(B,N,H,D) as flash-attn or (B,H,N,D) as PyTorch\nSDPA (default: bnhd)"},
+    {"--standard", "batch|head", TAKES_VALUE, opt_standard,
+     "what standard attention materialises: S and P\nof the whole batch in one call, as the "
+     "papers'\nbaseline, or of one (batch, K/V head) per call\n(default: batch)"},
     {"--repeat", "N", TAKES_VALUE, opt_repeat,
      "timed runs per case; the median is reported\n(default: 3 on cpu, 20 on cuda)"},
     {"--warmup", "N", TAKES_VALUE, opt_warmup, "untimed runs before timing (default: 1)"},

@@ -97,6 +97,7 @@ static void json_result(const bench_opts *o, const bench_peak *peak, const bench
   json_number(o->block_density);
   printf(",\"block_size\":%lld", (long long)(o->block_sparse ? o->block_size : 0));
   printf(",\"kv_used\":%lld", (long long)o->kv_used);
+  if (r->impl == FA_ALGO_STANDARD) printf(",\"standard\":\"%s\"", bench_standard_name(o->standard));
   printf(",\"status\":\"%s\",\"ms\":", status_name(r->status));
   json_number(ok ? r->ms : NAN);
   printf(",\"ms_min\":");
@@ -142,6 +143,13 @@ void bench_print_header(const bench_opts *o, const bench_peak *peak) {
   printf(", median of %d run%s after %d warmup", o->repeat, o->repeat == 1 ? "" : "s", o->warmup);
   if (o->max_time > 0) printf(" (fewer past %gs a case)", o->max_time);
   printf("\n");
+  for (int i = 0; i < o->n_impls; i++)
+    if (o->impls[i] == FA_ALGO_STANDARD)
+      printf(o->standard == BENCH_STD_BATCH
+                 ? "standard: S and P of the whole batch in memory (B*H*Nq*Nk floats each), the "
+                   "papers' baseline (--standard head: one head at a time)\n"
+                 : "standard: one call per (batch, K/V head), S and P of that head alone in "
+                   "memory (--standard batch: the whole batch, the papers' baseline)\n");
   printf("%-9s %-6s %-6s %4s %4s %4s %6s %6s %4s %-5s %-6s %11s %4s %9s %10s", "impl", "device",
          "pass", "B", "H", "Hk", "Nq", "Nk", "D", "dtype", "causal", "ms(median)", "runs",
          "GFLOP/s", "extra MiB");
@@ -208,9 +216,10 @@ static void summary_line(const bench_opts *o, const bench_result *base, const be
       r->extra_bytes ? (double)base->extra_bytes / (double)r->extra_bytes : INFINITY;
   if (o->json) {
     printf(
-        "{\"record\":\"summary\",\"impl\":\"%s\",\"baseline\":\"standard\",\"pass\":\"%s\","
-        "\"baseline_status\":\"%s\",\"speedup\":",
-        bench_impl_name(r->impl), bench_pass_name(r->pass), status_name(base->status));
+        "{\"record\":\"summary\",\"impl\":\"%s\",\"baseline\":\"standard\",\"standard\":\"%s\","
+        "\"pass\":\"%s\",\"baseline_status\":\"%s\",\"speedup\":",
+        bench_impl_name(r->impl), bench_standard_name(o->standard), bench_pass_name(r->pass),
+        status_name(base->status));
     json_number(speedup);
     printf(",\"extra_bytes\":%zu,\"baseline_extra_bytes\":%zu,\"memory_ratio\":", r->extra_bytes,
            base->extra_bytes);
@@ -218,7 +227,8 @@ static void summary_line(const bench_opts *o, const bench_result *base, const be
     printf("}\n");
     return;
   }
-  printf("%s vs standard, %-6s: ", bench_impl_name(r->impl), bench_pass_name(r->pass));
+  printf("%s vs standard (%s), %-6s: ", bench_impl_name(r->impl),
+         o->standard == BENCH_STD_HEAD ? "per head" : "whole batch", bench_pass_name(r->pass));
   if (base->status == BENCH_OK)
     printf("speedup %5.2fx, ", speedup);
   else

@@ -45,7 +45,9 @@ typedef enum fa_device {
 typedef enum fa_algorithm {
   FA_ALGO_FLASH2 = 0,   /* queries outer, keys inner (FlashAttention-2): the default */
   FA_ALGO_FLASH1 = 1,   /* keys outer, queries inner, O/l/m rescaled in memory (Algorithm 1) */
-  FA_ALGO_STANDARD = 2  /* materialise S and P (Algorithm 0): baseline and oracle */
+  FA_ALGO_STANDARD = 2  /* Algorithm 0: S and P of the whole batch materialised, each step
+                           one pass over the batch (the papers' baseline; the workspace holds
+                           them: B*H*Nq*Nk floats each); in float64 the oracle */
 } fa_algorithm;
 
 /* A 4-D tensor (batch, seqlen, heads, headdim) described by element strides.

@@ -1,27 +1,30 @@
 /* Standard attention (Algorithm 0) in float32 for f32/f16/bf16 storage: the
- * benchmark baseline, made as fast as the algorithm allows so that flash vs
- * standard is a fair comparison. Per (sequence, query head) S = scale Q K^T
- * and P = softmax(S) are materialised (Nq x Nk); the products are the
- * register-tiled gemm of common/kern.h, blocked here for the cache, and the
- * softmax its vectorised row kernel. Softcap, ALiBi, windows, block masks and
- * dropout apply to the materialised matrices; P is rounded to the storage
- * type, as Algorithm 0 writes it to memory. Products skip the 16-column panels
- * that a band of rows cannot see (causal, windows); masked entries of P are 0.
- * The float64 oracle stays the simple code of standard_impl.h.
+ * benchmark baseline as the papers run it (PyTorch's softmax(Q K^T) V): every
+ * step is one pass over the whole batch, each writing its B x H x Nq x Nk
+ * matrix to memory before the next reads it, so the baseline has its real
+ * memory footprint and traffic. The products are the register-tiled gemm of
+ * common/kern.h, blocked here for the cache, the softmax its vectorised row
+ * kernel; every pass runs on all threads (work items: a head's rows, or keys,
+ * split in parts when there are fewer heads than threads). Softcap, ALiBi,
+ * windows, block masks and dropout apply to the materialised matrices; P is
+ * rounded to the storage type, as Algorithm 0 writes it to memory. Products
+ * skip the 16-column panels that a band of rows cannot see (causal, windows);
+ * masked entries of P are 0. The float64 oracle stays the simple code of
+ * standard_impl.h.
  *
- * Forward, per (sequence, query head): P as above, O = P V.
- * Backward, per (sequence, K/V head), so dK and dV have one writer each: for
- * every query head of the group P is rebuilt exactly as the forward builds it,
- * Di = rowsum(dO o O), dP = dO V^T (times dropout's Z), dS = P o (dP - Di)
- * [o (1 - tanh^2) with softcap], then dV += (Z o P)^T dO, dK += dS^T Q and
- * dQ = dS K (dK and dQ times scale on the way out); dS is materialised too.
+ * Forward: S = scale Q K^T (softcap, ALiBi, block mask applied); P = softmax(S)
+ * (times dropout's Z), lse; O = P V.
+ * Backward (P recomputed from Q and K, as the API keeps only lse): P and
+ * Di = rowsum(dO o O); dP = dO V^T (times Z) and in place dS = P o (dP - Di)
+ * [o (1 - tanh^2) with softcap]; dV = sum over the group's query heads of
+ * (Z o P)^T dO and dK = dS^T Q (per K/V head: one writer each); dQ = dS K.
  *
- * Workspace per thread (floats, each buffer rounded up to 64 bytes; Dp = D
- * rounded up to 8, Nkp = Nk rounded up to 16): forward Q and O (Nq x Dp), K^T
- * (Nkp x D, 16-wide panels), V (Nk x Dp), P (Nq x Nkp); backward Q, dO, dQ
- * (Nq x Dp), K^T and V^T (Nkp x D), K, dK, dV (Nk x Dp), P and dS (Nq x Nkp),
- * with softcap T (Nq x Nkp), Di (Nq); int32 ranges: two of Nq, two of
- * max(Nq, Nk), backward two of Nk. */
+ * Workspace (floats, each buffer rounded up to 64 bytes; Dp = D rounded up to 8,
+ * Nkp = Nk rounded up to 16, U = batch x query heads): forward S and P, backward
+ * P and dS (and with softcap T, tanh of the capped scores), each U x Nq x Nkp,
+ * backward Di (U x Nq); per thread forward Q and O (Nq x Dp), K^T (Nkp x D),
+ * V (Nk x Dp), backward Q, dO, dQ (Nq x Dp), K^T and V^T (Nkp x D), K, dK, dV
+ * (Nk x Dp); int32 ranges: two of Nq, two of max(Nq, Nk), backward two of Nk. */
 #include "ref/standard_fast.h"
 
 #include <math.h>
@@ -43,13 +46,18 @@
 #define SF_KC 256
 #define SF_MC 48
 
+/* The whole-batch matrices, U x Nq x Nkp each (NULL where the pass has none). */
+typedef struct sf_mats {
+  float *S, *P, *dS, *T, *Di;
+} sf_mats;
+
+/* One thread's buffers. */
 typedef struct sf_bufs {
-  float *Q, *O, *KT, *V, *P;              /* forward (Q, K^T, P also backward) */
-  float *dO, *dQ, *VT, *K, *dK, *dV, *dS; /* backward */
-  float *T, *Di;                          /* backward: tanh of softcap, rowsum(dO o O) */
-  int32_t *lo, *hi;                       /* per query row: visible keys [lo, hi) */
-  int32_t *clo, *chi;                     /* backward, per key: query rows that see it */
-  int32_t *lo2, *hi2;                     /* ranges within a block of sf_gemm_nd */
+  float *Q, *O, *KT, *V;             /* forward (Q, K^T also backward) */
+  float *dO, *dQ, *VT, *K, *dK, *dV; /* backward */
+  int32_t *lo, *hi;                  /* per query row: visible keys [lo, hi) */
+  int32_t *clo, *chi;                /* backward, per key: query rows that see it */
+  int32_t *lo2, *hi2;                /* ranges within a block of sf_gemm_nd */
 } sf_bufs;
 
 static void *sf_take(char *base, size_t *off, int64_t nfloats) {
@@ -58,27 +66,46 @@ static void *sf_take(char *base, size_t *off, int64_t nfloats) {
   return p;
 }
 
+/* Query-head units (sequence, query head): the rows of each whole-batch matrix. */
+static int64_t sf_units(const fa_problem *pb) { return pb->batch * pb->heads_q; }
+
+static int64_t sf_mat_floats(const fa_problem *pb) {
+  return sf_units(pb) * pb->max_seqlen_q * fa_round_up(pb->max_seqlen_k, 16);
+}
+
+/* Carves the pass's whole-batch matrices out of base (NULL: size only). */
+static size_t sf_mats_layout(const fa_problem *pb, int bwd, char *base, sf_mats *m) {
+  const int64_t n = sf_mat_floats(pb);
+  size_t off = 0;
+  sf_mats t = {NULL, NULL, NULL, NULL, NULL};
+  if (!bwd) t.S = sf_take(base, &off, n);
+  t.P = sf_take(base, &off, n);
+  if (bwd) {
+    t.dS = sf_take(base, &off, n);
+    if (pb->params->softcap > 0.0f) t.T = sf_take(base, &off, n);
+    t.Di = sf_take(base, &off, sf_units(pb) * pb->max_seqlen_q);
+  }
+  if (m) *m = t;
+  return off;
+}
+
 /* Carves one thread's buffers of the pass out of base (NULL: size only). */
 static size_t sf_layout(const fa_problem *pb, int bwd, char *base, sf_bufs *b) {
   const int64_t D = pb->headdim, Dp = fa_round_up(D, FA_VL);
   const int64_t nq = pb->max_seqlen_q, nk = pb->max_seqlen_k, nkp = fa_round_up(nk, 16);
-  const int64_t fw = bwd ? 0 : 1, bw = bwd ? 1 : 0, cap = bwd && pb->params->softcap > 0.0f;
+  const int64_t fw = bwd ? 0 : 1, bw = bwd ? 1 : 0;
   size_t off = 0;
   sf_bufs t;
   t.Q = sf_take(base, &off, nq * Dp);
   t.O = sf_take(base, &off, fw * nq * Dp);
   t.KT = sf_take(base, &off, nkp * D);
   t.V = sf_take(base, &off, fw * nk * Dp);
-  t.P = sf_take(base, &off, nq * nkp);
   t.dO = sf_take(base, &off, bw * nq * Dp);
   t.dQ = sf_take(base, &off, bw * nq * Dp);
   t.VT = sf_take(base, &off, bw * nkp * D);
   t.K = sf_take(base, &off, bw * nk * Dp);
   t.dK = sf_take(base, &off, bw * nk * Dp);
   t.dV = sf_take(base, &off, bw * nk * Dp);
-  t.dS = sf_take(base, &off, bw * nq * nkp);
-  t.T = sf_take(base, &off, cap * nq * nkp);
-  t.Di = sf_take(base, &off, bw * nq);
   t.lo = sf_take(base, &off, nq);
   t.hi = sf_take(base, &off, nq);
   t.clo = sf_take(base, &off, bw * nk);
@@ -89,22 +116,67 @@ static size_t sf_layout(const fa_problem *pb, int bwd, char *base, sf_bufs *b) {
   return off;
 }
 
-/* Work units: (sequence, query head) forward, (sequence, K/V head) backward. */
-static int64_t sf_units(const fa_problem *pb, int bwd) {
-  return pb->batch * (bwd ? pb->heads_k : pb->heads_q);
+static int sf_threads(const fa_problem *pb) {
+  const int64_t rows = sf_units(pb) * ((pb->max_seqlen_q + SF_RB - 1) / SF_RB);
+  return (int)(rows < 1 ? 1 : rows < pb->num_threads ? rows : pb->num_threads);
 }
 
-static int sf_threads(const fa_problem *pb, int bwd) {
-  const int64_t units = sf_units(pb, bwd);
-  return (int)(units < 1 ? 1 : units < pb->num_threads ? units : pb->num_threads);
+static size_t sf_workspace(const fa_problem *pb, int bwd) {
+  return sf_mats_layout(pb, bwd, NULL, NULL) +
+         (size_t)sf_threads(pb) * sf_layout(pb, bwd, NULL, NULL);
 }
 
-size_t fa_ref_fast_forward_workspace(const fa_problem *pb) {
-  return (size_t)sf_threads(pb, 0) * sf_layout(pb, 0, NULL, NULL);
+size_t fa_ref_fast_forward_workspace(const fa_problem *pb) { return sf_workspace(pb, 0); }
+
+size_t fa_ref_fast_backward_workspace(const fa_problem *pb) { return sf_workspace(pb, 1); }
+
+/* The pass's matrices, and thread t's buffers after them. */
+static void sf_carve(const fa_problem *pb, int bwd, sf_mats *m, sf_bufs *b) {
+  const size_t mats = sf_mats_layout(pb, bwd, (char *)pb->workspace, m);
+  if (b)
+    sf_layout(pb, bwd,
+              (char *)pb->workspace + mats +
+                  (size_t)omp_get_thread_num() * sf_layout(pb, bwd, NULL, NULL),
+              b);
 }
 
-size_t fa_ref_fast_backward_workspace(const fa_problem *pb) {
-  return (size_t)sf_threads(pb, 1) * sf_layout(pb, 1, NULL, NULL);
+/* A work item: rows (or, per K/V head, keys) [r0, r1) of head h of sequence s. */
+typedef struct sf_item {
+  int64_t s, h, r0, r1;
+  fa_seq sq;
+  fa_mask mk;
+} sf_item;
+
+/* Parts per head: enough items for every thread when heads are few. */
+static int64_t sf_parts(const fa_problem *pb, int64_t heads) {
+  const int64_t units = pb->batch * heads;
+  return units >= pb->num_threads ? 1 : (pb->num_threads + units - 1) / units;
+}
+
+/* Item it of heads x parts (keys: its range counts keys, else query rows); 0 when
+ * that range is empty. */
+static int sf_item_of(const fa_problem *pb, int64_t it, int64_t heads, int64_t parts, int keys,
+                      sf_item *w) {
+  const fa_params *pr = pb->params;
+  const int64_t u = it / parts, part = it % parts;
+  w->s = u / heads;
+  w->h = u % heads;
+  w->sq = fa_problem_seq(pb, w->s);
+  const int64_t n = keys ? w->sq.nk : w->sq.nq, per = (n + parts - 1) / parts;
+  w->r0 = part * per;
+  w->r1 = w->r0 + per < n ? w->r0 + per : n;
+  w->mk = fa_mask_make(w->sq.nq, w->sq.nk, pr->causal, pr->window_enabled, pr->window_left,
+                       pr->window_right);
+  return w->r0 < w->r1;
+}
+
+/* The item's query head's rows of a whole-batch matrix (Nkp apart), and of Di. */
+static int64_t sf_unit(const fa_problem *pb, const sf_item *w) { return w->s * pb->heads_q + w->h; }
+static float *sf_mat(const fa_problem *pb, float *M, const sf_item *w) {
+  return M + sf_unit(pb, w) * pb->max_seqlen_q * fa_round_up(pb->max_seqlen_k, 16);
+}
+static float *sf_di(const fa_problem *pb, const sf_mats *m, const sf_item *w) {
+  return m->Di + sf_unit(pb, w) * pb->max_seqlen_q + w->r0;
 }
 
 /* Panel width of a row-major Dp-column B operand (V, dO, Q, K in the products
@@ -119,7 +191,8 @@ static const char *sf_row(const fa_problem *pb, const fa_tensor *t, int64_t b, i
   return (const char *)t->data + fa_tensor_offset(t, b, n, h) * (int64_t)fa_dtype_bytes(pb->dtype);
 }
 
-/* Rows [0, n) of head h of tensor t (sequence start b, r0) to float32 rows of Dp. */
+/* Rows [r0, r0 + n) of head h of tensor t (sequence start b, base row q0) to
+ * float32 rows of Dp. */
 static void sf_load_rows(const fa_problem *pb, const fa_kern *kn, float *dst, const fa_tensor *t,
                          int64_t b, int64_t r0, int64_t h, int64_t n) {
   const int64_t Dp = fa_round_up(pb->headdim, FA_VL);
@@ -136,22 +209,24 @@ static void sf_load_rows_t(const fa_problem *pb, const fa_kern *kn, float *dst, 
 
 /* Columns [*c0, *c1) of rows [i0, i0+n): the 16-wide panels that hold their
  * visible keys (row ranges are non-decreasing in the row). */
-static void sf_band(const sf_bufs *b, int64_t i0, int64_t n, int64_t *c0, int64_t *c1) {
-  *c0 = b->lo[i0] / 16 * 16;
-  *c1 = fa_round_up(b->hi[i0 + n - 1], 16);
+static void sf_band(const int32_t *lo, const int32_t *hi, int64_t i0, int64_t n, int64_t *c0,
+                    int64_t *c1) {
+  *c0 = lo[i0] / 16 * 16;
+  *c1 = fa_round_up(hi[i0 + n - 1], 16);
   if (*c1 < *c0) *c1 = *c0;
 }
 
 /* X (nq x Nkp) = alpha A B^T with A (nq x Dp rows) and B^T in 16-wide panels,
- * on each block of SF_RB rows' band of visible keys only (other entries are
- * left as they are: masked, never read). */
-static void sf_gemm_nt(const fa_problem *pb, const fa_kern *kn, const sf_bufs *b, float *X,
-                       const float *A, const float *BT, int64_t nq, int64_t nk, float alpha) {
+ * on each block of SF_RB rows' band of visible keys [lo, hi) only (other
+ * entries are left as they are: masked, never read). */
+static void sf_gemm_nt(const fa_problem *pb, const fa_kern *kn, const int32_t *lo,
+                       const int32_t *hi, float *X, const float *A, const float *BT, int64_t nq,
+                       int64_t nk, float alpha) {
   const int64_t D = pb->headdim, Dp = fa_round_up(D, FA_VL), nkp = fa_round_up(nk, 16);
   for (int64_t i0 = 0; i0 < nq; i0 += SF_RB) {
     const int64_t mr = nq - i0 < SF_RB ? nq - i0 : SF_RB;
     int64_t c0, c1;
-    sf_band(b, i0, mr, &c0, &c1);
+    sf_band(lo, hi, i0, mr, &c0, &c1);
     const fa_gemm g = {mr, c1 - c0,           D,   A + i0 * Dp, Dp, 1,    BT + c0 * D, 16,  16 * D,
                        16, X + i0 * nkp + c0, nkp, alpha,       0,  NULL, NULL,        NULL};
     if (c1 > c0) kn->gemm(&g);
@@ -186,56 +261,6 @@ static void sf_gemm_nd(const fa_problem *pb, const fa_kern *kn, float *C, int be
   }
 }
 
-/* X (nq rows, ld) *= dropout's Z of query head h of sequence s, each row over
- * its visible keys [lo, hi) (elsewhere P is 0 already). */
-static void sf_dropout(const fa_problem *pb, const fa_kern *kn, float *X, int64_t ld, int64_t nq,
-                       const int32_t *lo, const int32_t *hi, int64_t s, int64_t h) {
-  const fa_params *pr = pb->params;
-  const fa_dropout dr = fa_dropout_make(pr->dropout_p, pr->dropout_seed, pr->dropout_offset);
-  const uint64_t bh = (uint64_t)(s * pb->heads_q + h);
-  for (int64_t i = 0; i < nq; i++)
-    if (lo[i] < hi[i]) kn->dropout(X + i * ld + lo[i], 0, 1, 1, hi[i] - lo[i], bh, i, lo[i], &dr);
-}
-
-/* P (b->P, nq x Nkp) = softmax of the masked, capped, biased scores scale Q K^T of
- * query head h of sequence s, from b->Q and b->KT loaded and b->lo/hi set;
- * entries outside a row's [lo, hi) and block-masked ones are 0, P is rounded
- * to the storage type. lse (nq) receives each row's log-sum-exp; T (or NULL),
- * with softcap, tanh(scale qk / cap) over [lo, hi) for the backward. */
-static void sf_probs(const fa_problem *pb, const fa_kern *kn, sf_bufs *b, const fa_seq *sq,
-                     const fa_mask *mk, int64_t s, int64_t h, float *lse, float *T) {
-  const fa_params *pr = pb->params;
-  const int64_t nq = sq->nq, nk = sq->nk, nkp = fa_round_up(nk, 16);
-  if (nk > 0) sf_gemm_nt(pb, kn, b, b->P, b->Q, b->KT, nq, nk, pb->scale);
-  const float cap = pr->softcap;
-  const float slope = pr->alibi_slopes ? pr->alibi_slopes[s * pr->alibi_stride_batch + h] : 0.0f;
-  for (int64_t i = 0; i < nq; i++) {
-    float *row = b->P + i * nkp;
-    if (cap > 0.0f) {
-      const float inv = 1.0f / cap;
-      for (int64_t j = b->lo[i]; j < b->hi[i]; j++) {
-        const float t = tanhf(row[j] * inv);
-        row[j] = cap * t;
-        if (T) T[i * nkp + j] = t;
-      }
-    }
-    if (slope != 0.0f)
-      for (int64_t j = b->lo[i]; j < b->hi[i]; j++) row[j] += fa_alibi_bias(mk, slope, i, j);
-    const uint8_t *brow = fa_problem_block_row(pb, s, h, i);
-    if (brow)
-      for (int64_t j = b->lo[i]; j < b->hi[i]; j++)
-        if (!brow[j / pr->block_size_k]) row[j] = -INFINITY;
-  }
-  kn->softmax_rows(b->P, nkp, nq, nkp, b->lo, b->hi, lse);
-  if (pb->dtype != FA_DTYPE_F32)
-    for (int64_t i = 0; i < nq; i++) /* P as Algorithm 0 stores it */
-      for (int64_t j = b->lo[i]; j < b->hi[i]; j++) {
-        float *x = b->P + i * nkp + j;
-        *x = pb->dtype == FA_DTYPE_F16 ? fa_f16_to_f32(fa_f32_to_f16(*x))
-                                       : fa_bf16_to_f32(fa_f32_to_bf16(*x));
-      }
-}
-
 /* Each query row's visible keys [lo, hi) (with nk = 0: empty). */
 static void sf_row_ranges(const fa_mask *mk, int64_t nq, int32_t *lo, int32_t *hi) {
   for (int64_t i = 0; i < nq; i++) {
@@ -246,122 +271,250 @@ static void sf_row_ranges(const fa_mask *mk, int64_t nq, int32_t *lo, int32_t *h
   }
 }
 
-static fa_mask sf_mask(const fa_problem *pb, const fa_seq *sq) {
-  const fa_params *pr = pb->params;
-  return fa_mask_make(sq->nq, sq->nk, pr->causal, pr->window_enabled, pr->window_left,
-                      pr->window_right);
+/* Each key's query rows [clo, chi). */
+static void sf_col_ranges(const fa_mask *mk, int64_t nk, int32_t *clo, int32_t *chi) {
+  for (int64_t j = 0; j < nk; j++) {
+    int64_t a, z;
+    fa_mask_col_range(mk, j, &a, &z);
+    clo[j] = (int32_t)a;
+    chi[j] = (int32_t)z;
+  }
 }
 
-static void sf_unit(const fa_problem *pb, const fa_kern *kn, sf_bufs *b, int64_t s, int64_t h) {
-  const fa_seq sq = fa_problem_seq(pb, s);
-  const int64_t D = pb->headdim, Dp = fa_round_up(D, FA_VL), nq = sq.nq, nk = sq.nk;
-  const int64_t nkp = fa_round_up(nk, 16), hk = h / pb->group;
-  const fa_mask mk = sf_mask(pb, &sq);
-  if (nq == 0) return;
-  sf_load_rows(pb, kn, b->Q, &pb->q, sq.qb, sq.q0, h, nq);
-  sf_row_ranges(&mk, nq, b->lo, b->hi);
-  if (nk > 0) {
-    sf_load_rows_t(pb, kn, b->KT, &pb->k, sq.kb, sq.k0, hk, nk);
-    sf_load_rows(pb, kn, b->V, &pb->v, sq.kb, sq.k0, hk, nk);
+/* X (rows [r0, r1) of the item's head, ld Nkp) *= dropout's Z over each row's
+ * visible keys (elsewhere P is 0 already). */
+static void sf_dropout(const fa_problem *pb, const fa_kern *kn, float *X, const sf_item *w,
+                       const int32_t *lo, const int32_t *hi) {
+  const fa_params *pr = pb->params;
+  const fa_dropout dr = fa_dropout_make(pr->dropout_p, pr->dropout_seed, pr->dropout_offset);
+  const uint64_t bh = (uint64_t)(w->s * pb->heads_q + w->h);
+  const int64_t nkp = fa_round_up(w->sq.nk, 16);
+  for (int64_t i = w->r0; i < w->r1; i++)
+    if (lo[i] < hi[i])
+      kn->dropout(X + (i - w->r0) * nkp + lo[i], 0, 1, 1, hi[i] - lo[i], bh, i, lo[i], &dr);
+}
+
+/* X (rows [r0, r1) of the item's head) = the masked, capped, biased scores
+ * scale Q K^T, from b->Q (those rows) and b->KT loaded and b->lo/hi set (rows
+ * of the whole head); T (or NULL), with softcap, tanh(scale qk / cap) over
+ * [lo, hi) for the backward. */
+static void sf_scores(const fa_problem *pb, const fa_kern *kn, const sf_bufs *b, const sf_item *w,
+                      float *X, float *T) {
+  const fa_params *pr = pb->params;
+  const int64_t nk = w->sq.nk, nkp = fa_round_up(nk, 16);
+  if (nk == 0) return;
+  sf_gemm_nt(pb, kn, b->lo + w->r0, b->hi + w->r0, X, b->Q, b->KT, w->r1 - w->r0, nk, pb->scale);
+  const float cap = pr->softcap;
+  const float slope =
+      pr->alibi_slopes ? pr->alibi_slopes[w->s * pr->alibi_stride_batch + w->h] : 0.0f;
+  for (int64_t i = w->r0; i < w->r1; i++) {
+    float *row = X + (i - w->r0) * nkp;
+    const int32_t lo = b->lo[i], hi = b->hi[i];
+    if (cap > 0.0f) {
+      const float inv = 1.0f / cap;
+      for (int64_t j = lo; j < hi; j++) {
+        const float t = tanhf(row[j] * inv);
+        row[j] = cap * t;
+        if (T) T[(i - w->r0) * nkp + j] = t;
+      }
+    }
+    if (slope != 0.0f)
+      for (int64_t j = lo; j < hi; j++) row[j] += fa_alibi_bias(&w->mk, slope, i, j);
+    const uint8_t *brow = fa_problem_block_row(pb, w->s, w->h, i);
+    if (brow)
+      for (int64_t j = lo; j < hi; j++)
+        if (!brow[j / pr->block_size_k]) row[j] = -INFINITY;
   }
-  float *lse = pb->lse ? pb->lse + sq.lse0 + h * sq.lse_head_stride : b->O;
-  sf_probs(pb, kn, b, &sq, &mk, s, h, lse, NULL);
-  if (pb->params->dropout_p > 0.0f) sf_dropout(pb, kn, b->P, nkp, nq, b->lo, b->hi, s, h);
+}
+
+/* P (rows [r0, r1), scores there already) = their softmax, 0 outside each row's
+ * visible keys, rounded to the storage type as Algorithm 0 stores it; lse
+ * (r1 - r0) receives each row's log-sum-exp. */
+static void sf_softmax(const fa_problem *pb, const fa_kern *kn, const sf_bufs *b, const sf_item *w,
+                       float *P, float *lse) {
+  const int64_t nkp = fa_round_up(w->sq.nk, 16), n = w->r1 - w->r0;
+  kn->softmax_rows(P, nkp, n, nkp, b->lo + w->r0, b->hi + w->r0, lse);
+  if (pb->dtype != FA_DTYPE_F32)
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t j = b->lo[w->r0 + i]; j < b->hi[w->r0 + i]; j++) {
+        float *x = P + i * nkp + j;
+        *x = pb->dtype == FA_DTYPE_F16 ? fa_f16_to_f32(fa_f32_to_f16(*x))
+                                       : fa_bf16_to_f32(fa_f32_to_bf16(*x));
+      }
+}
+
+/* The K/V head of query head h. */
+static int64_t sf_kv_head(const fa_problem *pb, int64_t h) { return h / pb->group; }
+
+/* ---- forward: S, then P, then O, each a pass over the whole batch ---------- */
+
+static void sf_fwd_scores(const fa_problem *pb, const fa_kern *kn, const sf_item *w) {
+  sf_mats m;
+  sf_bufs b;
+  sf_carve(pb, 0, &m, &b);
+  const fa_seq *sq = &w->sq;
+  const int64_t nkp = fa_round_up(sq->nk, 16);
+  sf_row_ranges(&w->mk, sq->nq, b.lo, b.hi);
+  sf_load_rows(pb, kn, b.Q, &pb->q, sq->qb, sq->q0 + w->r0, w->h, w->r1 - w->r0);
+  if (sq->nk > 0)
+    sf_load_rows_t(pb, kn, b.KT, &pb->k, sq->kb, sq->k0, sf_kv_head(pb, w->h), sq->nk);
+  sf_scores(pb, kn, &b, w, sf_mat(pb, m.S, w) + w->r0 * nkp, NULL);
+}
+
+static void sf_fwd_probs(const fa_problem *pb, const fa_kern *kn, const sf_item *w) {
+  sf_mats m;
+  sf_bufs b;
+  sf_carve(pb, 0, &m, &b);
+  const fa_seq *sq = &w->sq;
+  const int64_t nkp = fa_round_up(sq->nk, 16);
+  sf_row_ranges(&w->mk, sq->nq, b.lo, b.hi);
+  const float *S = sf_mat(pb, m.S, w) + w->r0 * nkp;
+  float *P = sf_mat(pb, m.P, w) + w->r0 * nkp;
+  for (int64_t i = 0; i < w->r1 - w->r0; i++) { /* P = S, then softmax in place */
+    const int32_t lo = b.lo[w->r0 + i], hi = b.hi[w->r0 + i];
+    if (hi > lo) memcpy(P + i * nkp + lo, S + i * nkp + lo, (size_t)(hi - lo) * sizeof(float));
+  }
+  float *lse = pb->lse ? pb->lse + sq->lse0 + w->h * sq->lse_head_stride + w->r0 : b.O;
+  sf_softmax(pb, kn, &b, w, P, lse);
+  if (pb->params->dropout_p > 0.0f) sf_dropout(pb, kn, P, w, b.lo, b.hi);
+}
+
+static void sf_fwd_out(const fa_problem *pb, const fa_kern *kn, const sf_item *w) {
+  sf_mats m;
+  sf_bufs b;
+  sf_carve(pb, 0, &m, &b);
+  const fa_seq *sq = &w->sq;
+  const int64_t D = pb->headdim, Dp = fa_round_up(D, FA_VL), nkp = fa_round_up(sq->nk, 16);
+  sf_row_ranges(&w->mk, sq->nq, b.lo, b.hi);
+  if (sq->nk > 0) sf_load_rows(pb, kn, b.V, &pb->v, sq->kb, sq->k0, sf_kv_head(pb, w->h), sq->nk);
   /* O = P V over each row's visible keys only (masked V rows may hold inf/NaN) */
-  sf_gemm_nd(pb, kn, b->O, 0, nq, nk, b->P, nkp, 1, b->V, b->lo, b->hi, b->lo2, b->hi2);
-  for (int64_t i = 0; i < nq; i++)
-    kn->store_row((char *)sf_row(pb, &pb->o, sq.qb, sq.q0 + i, h), b->O + i * Dp, 1.0f, pb->dtype,
-                  D);
+  sf_gemm_nd(pb, kn, b.O, 0, w->r1 - w->r0, sq->nk, sf_mat(pb, m.P, w) + w->r0 * nkp, nkp, 1, b.V,
+             b.lo + w->r0, b.hi + w->r0, b.lo2, b.hi2);
+  for (int64_t i = w->r0; i < w->r1; i++)
+    kn->store_row((char *)sf_row(pb, &pb->o, sq->qb, sq->q0 + i, w->h), b.O + (i - w->r0) * Dp,
+                  1.0f, pb->dtype, D);
+}
+
+typedef void (*sf_step)(const fa_problem *pb, const fa_kern *kn, const sf_item *w);
+
+/* One pass: step on every item of heads x parts (keys: rows are keys), on all threads. */
+static void sf_pass(const fa_problem *pb, const fa_kern *kn, sf_step step, int64_t heads,
+                    int keys) {
+  const int64_t parts = sf_parts(pb, heads), items = pb->batch * heads * parts;
+#pragma omp parallel for num_threads(sf_threads(pb)) schedule(dynamic, 1)
+  for (int64_t it = 0; it < items; it++) {
+    sf_item w;
+    if (sf_item_of(pb, it, heads, parts, keys, &w)) step(pb, kn, &w);
+  }
 }
 
 fa_status fa_ref_fast_forward(const fa_problem *pb) {
   const fa_kern *kn = fa_kern_get();
-  const int64_t units = sf_units(pb, 0);
-  const size_t slice = sf_layout(pb, 0, NULL, NULL);
-#pragma omp parallel for num_threads(sf_threads(pb, 0)) schedule(dynamic, 1)
-  for (int64_t u = 0; u < units; u++) {
-    sf_bufs b;
-    sf_layout(pb, 0, (char *)pb->workspace + (size_t)omp_get_thread_num() * slice, &b);
-    sf_unit(pb, kn, &b, u / pb->heads_q, u % pb->heads_q);
-  }
+  sf_pass(pb, kn, sf_fwd_scores, pb->heads_q, 0);
+  sf_pass(pb, kn, sf_fwd_probs, pb->heads_q, 0);
+  sf_pass(pb, kn, sf_fwd_out, pb->heads_q, 0);
   return FA_OK;
 }
 
-/* Query head h of the backward unit: dQ stored, dK (unscaled) and dV accumulated. */
-static void sf_bwd_head(const fa_problem *pb, const fa_kern *kn, sf_bufs *b, const fa_seq *sq,
-                        const fa_mask *mk, int64_t s, int64_t h) {
-  const fa_params *pr = pb->params;
-  const int64_t D = pb->headdim, Dp = fa_round_up(D, FA_VL), nq = sq->nq, nk = sq->nk;
-  const int64_t nkp = fa_round_up(nk, 16);
-  float *T = pr->softcap > 0.0f ? b->T : NULL;
-  sf_load_rows(pb, kn, b->Q, &pb->q, sq->qb, sq->q0, h, nq);
-  sf_load_rows(pb, kn, b->dO, &pb->dout, sq->qb, sq->q0, h, nq);
-  sf_probs(pb, kn, b, sq, mk, s, h, b->Di, T); /* its lse lands in Di, overwritten below */
-  sf_load_rows(pb, kn, b->dQ, &pb->o, sq->qb, sq->q0, h, nq); /* O, until dQ replaces it */
-  for (int64_t i = 0; i < nq; i++) b->Di[i] = kn->rowdot(b->dO + i * Dp, b->dQ + i * Dp, D);
-  if (nk > 0) {
-    /* dropout (docs/DROPOUT.md): dS = P o (Z o dP - Di), and dV takes Z o P */
-    sf_gemm_nt(pb, kn, b, b->dS, b->dO, b->VT, nq, nk, 1.0f);
-    if (pr->dropout_p > 0.0f) sf_dropout(pb, kn, b->dS, nkp, nq, b->lo, b->hi, s, h);
-    for (int64_t i0 = 0; i0 < nq; i0 += SF_RB) {
-      const int64_t mr = nq - i0 < SF_RB ? nq - i0 : SF_RB;
-      int64_t c0, c1;
-      sf_band(b, i0, mr, &c0, &c1);
-      const int64_t o = i0 * nkp + c0;
-      kn->dsoftmax(b->dS + o, b->P + o, nkp, mr, c1 - c0, b->Di + i0, T ? T + o : NULL);
-    }
-    if (pr->dropout_p > 0.0f) sf_dropout(pb, kn, b->P, nkp, nq, b->lo, b->hi, s, h);
-    /* dV += (Z o P)^T dO, dK += dS^T Q over the rows that see each key */
-    sf_gemm_nd(pb, kn, b->dV, 1, nk, nq, b->P, 1, nkp, b->dO, b->clo, b->chi, b->lo2, b->hi2);
-    sf_gemm_nd(pb, kn, b->dK, 1, nk, nq, b->dS, 1, nkp, b->Q, b->clo, b->chi, b->lo2, b->hi2);
-  }
-  /* dQ = dS K over each row's visible keys (0 for a row that sees none) */
-  sf_gemm_nd(pb, kn, b->dQ, 0, nq, nk, b->dS, nkp, 1, b->K, b->lo, b->hi, b->lo2, b->hi2);
-  for (int64_t i = 0; i < nq; i++)
-    kn->store_row((char *)sf_row(pb, &pb->dq, sq->qb, sq->q0 + i, h), b->dQ + i * Dp, pb->scale,
-                  pb->dtype, D);
+/* ---- backward: P and Di, dS, then dK dV and dQ ---------------------------- */
+
+static void sf_bwd_probs(const fa_problem *pb, const fa_kern *kn, const sf_item *w) {
+  sf_mats m;
+  sf_bufs b;
+  sf_carve(pb, 1, &m, &b);
+  const fa_seq *sq = &w->sq;
+  const int64_t D = pb->headdim, Dp = fa_round_up(D, FA_VL), nkp = fa_round_up(sq->nk, 16);
+  const int64_t n = w->r1 - w->r0, row0 = w->r0 * nkp;
+  float *P = sf_mat(pb, m.P, w) + row0, *Di = sf_di(pb, &m, w);
+  sf_row_ranges(&w->mk, sq->nq, b.lo, b.hi);
+  sf_load_rows(pb, kn, b.Q, &pb->q, sq->qb, sq->q0 + w->r0, w->h, n);
+  if (sq->nk > 0)
+    sf_load_rows_t(pb, kn, b.KT, &pb->k, sq->kb, sq->k0, sf_kv_head(pb, w->h), sq->nk);
+  sf_scores(pb, kn, &b, w, P, m.T ? sf_mat(pb, m.T, w) + row0 : NULL);
+  sf_softmax(pb, kn, &b, w, P, Di); /* its lse lands in Di, overwritten below */
+  sf_load_rows(pb, kn, b.dO, &pb->dout, sq->qb, sq->q0 + w->r0, w->h, n);
+  sf_load_rows(pb, kn, b.dQ, &pb->o, sq->qb, sq->q0 + w->r0, w->h, n);
+  for (int64_t i = 0; i < n; i++) Di[i] = kn->rowdot(b.dO + i * Dp, b.dQ + i * Dp, D);
 }
 
-/* Backward of K/V head hk of sequence s: every query head of its group. */
-static void sf_bwd_unit(const fa_problem *pb, const fa_kern *kn, sf_bufs *b, int64_t s,
-                        int64_t hk) {
-  const fa_seq sq = fa_problem_seq(pb, s);
-  const int64_t D = pb->headdim, Dp = fa_round_up(D, FA_VL), nk = sq.nk;
-  const fa_mask mk = sf_mask(pb, &sq);
-  sf_row_ranges(&mk, sq.nq, b->lo, b->hi);
-  for (int64_t j = 0; j < nk; j++) {
-    int64_t a, z;
-    fa_mask_col_range(&mk, j, &a, &z);
-    b->clo[j] = (int32_t)a;
-    b->chi[j] = (int32_t)z;
+/* dropout (docs/DROPOUT.md): dS = P o (Z o dP - Di), and dV takes Z o P */
+static void sf_bwd_dscores(const fa_problem *pb, const fa_kern *kn, const sf_item *w) {
+  sf_mats m;
+  sf_bufs b;
+  sf_carve(pb, 1, &m, &b);
+  const fa_seq *sq = &w->sq;
+  const int64_t nkp = fa_round_up(sq->nk, 16), n = w->r1 - w->r0, row0 = w->r0 * nkp;
+  if (sq->nk == 0) return;
+  float *P = sf_mat(pb, m.P, w) + row0, *dS = sf_mat(pb, m.dS, w) + row0;
+  const float *Di = sf_di(pb, &m, w);
+  const float *T = m.T ? sf_mat(pb, m.T, w) + row0 : NULL;
+  const int dropout = pb->params->dropout_p > 0.0f;
+  sf_row_ranges(&w->mk, sq->nq, b.lo, b.hi);
+  sf_load_rows(pb, kn, b.dO, &pb->dout, sq->qb, sq->q0 + w->r0, w->h, n);
+  sf_load_rows_t(pb, kn, b.VT, &pb->v, sq->kb, sq->k0, sf_kv_head(pb, w->h), sq->nk);
+  sf_gemm_nt(pb, kn, b.lo + w->r0, b.hi + w->r0, dS, b.dO, b.VT, n, sq->nk, 1.0f); /* dP */
+  if (dropout) sf_dropout(pb, kn, dS, w, b.lo, b.hi);
+  for (int64_t i0 = 0; i0 < n; i0 += SF_RB) {
+    const int64_t mr = n - i0 < SF_RB ? n - i0 : SF_RB;
+    int64_t c0, c1;
+    sf_band(b.lo + w->r0, b.hi + w->r0, i0, mr, &c0, &c1);
+    const int64_t o = i0 * nkp + c0;
+    kn->dsoftmax(dS + o, P + o, nkp, mr, c1 - c0, Di + i0, T ? T + o : NULL);
   }
-  if (nk > 0) {
-    sf_load_rows_t(pb, kn, b->KT, &pb->k, sq.kb, sq.k0, hk, nk);
-    sf_load_rows_t(pb, kn, b->VT, &pb->v, sq.kb, sq.k0, hk, nk);
-    sf_load_rows(pb, kn, b->K, &pb->k, sq.kb, sq.k0, hk, nk);
+  if (dropout) sf_dropout(pb, kn, P, w, b.lo, b.hi);
+}
+
+/* Keys [r0, r1) of K/V head h of sequence s: dV = sum (Z o P)^T dO and
+ * dK = sum dS^T Q over the group's query heads, over the rows that see each key. */
+static void sf_bwd_kv(const fa_problem *pb, const fa_kern *kn, const sf_item *w) {
+  sf_mats m;
+  sf_bufs b;
+  sf_carve(pb, 1, &m, &b);
+  const fa_seq *sq = &w->sq;
+  const int64_t D = pb->headdim, Dp = fa_round_up(D, FA_VL), nkp = fa_round_up(sq->nk, 16);
+  const int64_t n = w->r1 - w->r0;
+  sf_col_ranges(&w->mk, sq->nk, b.clo, b.chi);
+  memset(b.dK, 0, (size_t)(n * Dp) * sizeof(float));
+  memset(b.dV, 0, (size_t)(n * Dp) * sizeof(float));
+  for (int64_t h = w->h * pb->group; h < (w->h + 1) * pb->group && sq->nq > 0; h++) {
+    sf_item qh = *w;
+    qh.h = h;
+    sf_load_rows(pb, kn, b.Q, &pb->q, sq->qb, sq->q0, h, sq->nq);
+    sf_load_rows(pb, kn, b.dO, &pb->dout, sq->qb, sq->q0, h, sq->nq);
+    sf_gemm_nd(pb, kn, b.dV, 1, n, sq->nq, sf_mat(pb, m.P, &qh) + w->r0, 1, nkp, b.dO,
+               b.clo + w->r0, b.chi + w->r0, b.lo2, b.hi2);
+    sf_gemm_nd(pb, kn, b.dK, 1, n, sq->nq, sf_mat(pb, m.dS, &qh) + w->r0, 1, nkp, b.Q,
+               b.clo + w->r0, b.chi + w->r0, b.lo2, b.hi2);
   }
-  memset(b->dK, 0, (size_t)(nk * Dp) * sizeof(float));
-  memset(b->dV, 0, (size_t)(nk * Dp) * sizeof(float));
-  if (sq.nq > 0)
-    for (int64_t h = hk * pb->group; h < (hk + 1) * pb->group; h++)
-      sf_bwd_head(pb, kn, b, &sq, &mk, s, h);
-  for (int64_t j = 0; j < nk; j++) {
-    kn->store_row((char *)sf_row(pb, &pb->dk, sq.kb, sq.k0 + j, hk), b->dK + j * Dp, pb->scale,
-                  pb->dtype, D);
-    kn->store_row((char *)sf_row(pb, &pb->dv, sq.kb, sq.k0 + j, hk), b->dV + j * Dp, 1.0f,
-                  pb->dtype, D);
+  for (int64_t j = w->r0; j < w->r1; j++) {
+    kn->store_row((char *)sf_row(pb, &pb->dk, sq->kb, sq->k0 + j, w->h), b.dK + (j - w->r0) * Dp,
+                  pb->scale, pb->dtype, D);
+    kn->store_row((char *)sf_row(pb, &pb->dv, sq->kb, sq->k0 + j, w->h), b.dV + (j - w->r0) * Dp,
+                  1.0f, pb->dtype, D);
   }
+}
+
+/* dQ = dS K over each row's visible keys (0 for a row that sees none). */
+static void sf_bwd_dq(const fa_problem *pb, const fa_kern *kn, const sf_item *w) {
+  sf_mats m;
+  sf_bufs b;
+  sf_carve(pb, 1, &m, &b);
+  const fa_seq *sq = &w->sq;
+  const int64_t D = pb->headdim, Dp = fa_round_up(D, FA_VL), nkp = fa_round_up(sq->nk, 16);
+  sf_row_ranges(&w->mk, sq->nq, b.lo, b.hi);
+  if (sq->nk > 0) sf_load_rows(pb, kn, b.K, &pb->k, sq->kb, sq->k0, sf_kv_head(pb, w->h), sq->nk);
+  sf_gemm_nd(pb, kn, b.dQ, 0, w->r1 - w->r0, sq->nk, sf_mat(pb, m.dS, w) + w->r0 * nkp, nkp, 1, b.K,
+             b.lo + w->r0, b.hi + w->r0, b.lo2, b.hi2);
+  for (int64_t i = w->r0; i < w->r1; i++)
+    kn->store_row((char *)sf_row(pb, &pb->dq, sq->qb, sq->q0 + i, w->h), b.dQ + (i - w->r0) * Dp,
+                  pb->scale, pb->dtype, D);
 }
 
 fa_status fa_ref_fast_backward(const fa_problem *pb) {
   const fa_kern *kn = fa_kern_get();
-  const int64_t units = sf_units(pb, 1);
-  const size_t slice = sf_layout(pb, 1, NULL, NULL);
-#pragma omp parallel for num_threads(sf_threads(pb, 1)) schedule(dynamic, 1)
-  for (int64_t u = 0; u < units; u++) {
-    sf_bufs b;
-    sf_layout(pb, 1, (char *)pb->workspace + (size_t)omp_get_thread_num() * slice, &b);
-    sf_bwd_unit(pb, kn, &b, u / pb->heads_k, u % pb->heads_k);
-  }
+  sf_pass(pb, kn, sf_bwd_probs, pb->heads_q, 0);
+  sf_pass(pb, kn, sf_bwd_dscores, pb->heads_q, 0);
+  sf_pass(pb, kn, sf_bwd_kv, pb->heads_k, 1);
+  sf_pass(pb, kn, sf_bwd_dq, pb->heads_q, 0);
   return FA_OK;
 }

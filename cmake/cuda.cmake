@@ -1,0 +1,121 @@
+# Resolves FLASHATTN_CUDA (ON, OFF or AUTO) into ON or OFF and the architectures
+# FA_CUDA_ARCHS, enables CUDA when ON, and says what it decided in one status line.
+#   ON    the CUDA backend for FLASHATTN_CUDA_ARCHS (default 80;90, every architecture
+#         the kernels are tuned for; 90 adds the sm_90a Hopper kernels), GPU or not.
+#   AUTO  the CUDA backend for the GPUs visible here (their compute capability: 90 gets
+#         the Hopper kernels too) when nvcc is found; without a GPU it is skipped, as
+#         kernels no one here can run would take minutes per architecture to compile.
+#   OFF   CPU only.
+# Bounds parallel CUDA compiles by cores and memory (Ninja's job pool fa_cuda).
+
+set(FA_CUDA_DEFAULT_ARCHS 80 90)
+set(FA_CUDA_MIN_ARCH 80) # cp.async and the bf16 mma of the sm_80 kernels
+
+# The compute capabilities of the visible GPUs as arch numbers (9.0 -> 90), sorted and
+# unique; empty when nvidia-smi is missing or sees no GPU.
+function(fa_visible_gpu_archs out)
+  set(archs "")
+  find_program(FA_NVIDIA_SMI nvidia-smi)
+  mark_as_advanced(FA_NVIDIA_SMI)
+  if(FA_NVIDIA_SMI)
+    execute_process(COMMAND ${FA_NVIDIA_SMI} --query-gpu=compute_cap --format=csv,noheader
+      RESULT_VARIABLE rc OUTPUT_VARIABLE caps ERROR_QUIET TIMEOUT 30)
+    if(rc EQUAL 0)
+      string(REGEX MATCHALL "[0-9]+\\.[0-9]+" caps "${caps}")
+      foreach(cap IN LISTS caps)
+        string(REPLACE "." "" arch "${cap}")
+        list(APPEND archs ${arch})
+      endforeach()
+      list(REMOVE_DUPLICATES archs)
+      list(SORT archs COMPARE NATURAL)
+    endif()
+  endif()
+  set(${out} "${archs}" PARENT_SCOPE)
+endfunction()
+
+set(FA_FORCE_HINT
+  "to build it anyway: -DFLASHATTN_CUDA=ON, archs from -DFLASHATTN_CUDA_ARCHS, default 80;90")
+set(FA_CUDA_ARCHS ${FLASHATTN_CUDA_ARCHS})
+# nvcc on PATH, else the toolkit's usual place
+find_program(FA_NVCC nvcc PATHS /usr/local/cuda/bin)
+mark_as_advanced(FA_NVCC)
+if(FA_NVCC AND NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
+  set(CMAKE_CUDA_COMPILER ${FA_NVCC})
+endif()
+if(FLASHATTN_CUDA STREQUAL "AUTO")
+  fa_visible_gpu_archs(FA_GPU_ARCHS)
+  set(FA_GPU_OK "")
+  foreach(arch IN LISTS FA_GPU_ARCHS)
+    if(NOT arch LESS FA_CUDA_MIN_ARCH)
+      list(APPEND FA_GPU_OK ${arch})
+    endif()
+  endforeach()
+  if(NOT FA_GPU_ARCHS)
+    set(FLASHATTN_CUDA OFF)
+    if(FA_NVCC OR CMAKE_CUDA_COMPILER)
+      set(FA_CUDA_WHY "nvcc found, but no GPU visible")
+    else()
+      set(FA_CUDA_WHY "no GPU visible, no nvcc")
+    endif()
+  elseif(NOT FA_GPU_OK)
+    set(FLASHATTN_CUDA OFF)
+    set(FA_CUDA_WHY "the GPU's compute capability (${FA_GPU_ARCHS}) is below ${FA_CUDA_MIN_ARCH}")
+  else()
+    include(CheckLanguage)
+    check_language(CUDA)
+    if(CMAKE_CUDA_COMPILER)
+      set(FLASHATTN_CUDA ON)
+      if(NOT FA_CUDA_ARCHS)
+        set(FA_CUDA_ARCHS ${FA_GPU_OK})
+        set(FA_CUDA_WHY "the GPU visible here (-DFLASHATTN_CUDA_ARCHS to choose)")
+      endif()
+    else()
+      set(FLASHATTN_CUDA OFF)
+      set(FA_CUDA_WHY "a GPU is visible but nvcc was not found")
+      set(FA_FORCE_HINT "install the CUDA toolkit or set CMAKE_CUDA_COMPILER")
+    endif()
+  endif()
+elseif(FLASHATTN_CUDA AND NOT FA_CUDA_ARCHS)
+  set(FA_CUDA_ARCHS ${FA_CUDA_DEFAULT_ARCHS})
+endif()
+
+if(FLASHATTN_CUDA)
+  set(CMAKE_CUDA_ARCHITECTURES ${FA_CUDA_ARCHS})
+  enable_language(CUDA)
+  set(CMAKE_CUDA_STANDARD 17)
+  find_package(CUDAToolkit REQUIRED)
+  list(JOIN FA_CUDA_ARCHS ", sm_" FA_ARCH_TEXT)
+  set(FA_ARCH_TEXT "sm_${FA_ARCH_TEXT}")
+  if("90" IN_LIST FA_CUDA_ARCHS)
+    string(APPEND FA_ARCH_TEXT " (+ sm_90a Hopper kernels)")
+  endif()
+  if(FA_CUDA_WHY)
+    string(APPEND FA_ARCH_TEXT ": ${FA_CUDA_WHY}")
+  endif()
+  message(STATUS "flashattn: CUDA backend ON for ${FA_ARCH_TEXT}")
+  # One CUDA compile per GiB of memory (the largest peaks at ~0.2 GiB), at most one per core:
+  # Ninja's pool fa_cuda (fa_cuda_job_pool), whatever -j asks for.
+  cmake_host_system_information(RESULT FA_MEM_MIB QUERY TOTAL_PHYSICAL_MEMORY)
+  cmake_host_system_information(RESULT FA_CORES QUERY NUMBER_OF_LOGICAL_CORES)
+  math(EXPR FA_CUDA_JOBS "${FA_MEM_MIB} / 1024")
+  if(FA_CUDA_JOBS GREATER FA_CORES)
+    set(FA_CUDA_JOBS ${FA_CORES})
+  endif()
+  if(FA_CUDA_JOBS LESS 1)
+    set(FA_CUDA_JOBS 1)
+  endif()
+  set_property(GLOBAL APPEND PROPERTY JOB_POOLS fa_cuda=${FA_CUDA_JOBS})
+elseif(FA_CUDA_WHY)
+  message(STATUS "flashattn: CUDA backend OFF: ${FA_CUDA_WHY} (${FA_FORCE_HINT})")
+else()
+  message(STATUS "flashattn: CUDA backend OFF")
+endif()
+
+# The CUDA targets compile in the fa_cuda pool.
+function(fa_cuda_job_pool)
+  foreach(t IN LISTS ARGN)
+    if(TARGET ${t})
+      set_property(TARGET ${t} PROPERTY JOB_POOL_COMPILE fa_cuda)
+    endif()
+  endforeach()
+endfunction()

@@ -16,9 +16,10 @@
  *    128, 192, 256} with the extra columns zero-filled in shared memory.
  *  - Flash workspace: 256 bytes (the Hopper kernel's block counter), plus a
  *    split decode's partials (fwd_split_bytes).
- *  - Standard workspace: heads_q * max_seqlen_q * max_seqlen_k floats (one
- *    sequence's S at a time, reused in stream order; for varlen on the device
- *    the maxima are the total lengths). P is written in place over S.
+ *  - Standard workspace: batch * heads_q * max_seqlen_q * max_seqlen_k floats,
+ *    every sequence's S (the papers' baseline: each step over the whole batch);
+ *    varlen (the maxima are the total lengths on the device): one sequence's S
+ *    at a time, reused in stream order. P is written in place over S.
  *  - The cuBLAS handle is per host thread, created on first use. */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -271,10 +272,12 @@ int ld_of(const fa_tensor *t, int64_t rows) {
   return rows > 1 ? (int)t->stride_seq : (int)t->headdim;
 }
 
-/* Workspace: the scores of every head of one sequence (reused across
- * sequences, stream-ordered). */
+/* Workspace: the scores of every head of every sequence (P in place), as the
+ * papers' baseline holds them; varlen (whose maxima are the total lengths here):
+ * one sequence's, reused across sequences, stream-ordered. */
 size_t std_workspace(const fa_problem *pb) {
-  return (size_t)pb->heads_q * (size_t)pb->max_seqlen_q * (size_t)pb->max_seqlen_k * sizeof(float);
+  return (size_t)(pb->varlen ? 1 : pb->batch) * (size_t)pb->heads_q * (size_t)pb->max_seqlen_q *
+         (size_t)pb->max_seqlen_k * sizeof(float);
 }
 
 fa_status std_forward(const fa_problem *pb) {
@@ -288,7 +291,10 @@ fa_status std_forward(const fa_problem *pb) {
   const size_t es = 2;
   const int H = (int)pb->heads_q, Hk = (int)pb->heads_k, G = (int)pb->group;
   const int D = (int)pb->headdim;
-  float *S = (float *)pb->workspace;
+  /* Fixed-length batches run each step (S = scale Q K^T, softmax, O = P V) over
+   * the whole batch before the next; varlen runs the three per sequence. */
+  const bool whole = !pb->varlen;
+  const int64_t seq_floats = (int64_t)H * pb->max_seqlen_q * pb->max_seqlen_k;
 
   std::vector<int32_t> cq, ck;
   if (pb->varlen) {
@@ -306,7 +312,7 @@ fa_status std_forward(const fa_problem *pb) {
                                 stream));
   }
   if (pb->varlen || pr->seqused_k) FA_CUDA_TRY(cudaStreamSynchronize(stream));
-  for (int64_t s = 0; s < pb->batch; s++) {
+  auto seq_step = [&](int64_t s, int step) -> fa_status {
     int64_t qb = s, kb = s, q0 = 0, k0 = 0, nq = pb->q.seqlen, nk = pb->k.seqlen;
     int64_t lse0 = s * H * nq, lse_hs = nq;
     if (pb->varlen) {
@@ -316,7 +322,8 @@ fa_status std_forward(const fa_problem *pb) {
       lse0 = q0, lse_hs = pb->total_q;
     }
     if (pr->seqused_k) nk = std::min<int64_t>(nk, std::max<int32_t>(0, used[(size_t)s]));
-    if (nq == 0) continue;
+    if (nq == 0) return FA_OK;
+    float *S = (float *)pb->workspace + (whole ? s * seq_floats : 0);
     const char *Q = (const char *)pb->q.data + fa_tensor_offset(&pb->q, qb, q0, 0) * es;
     const char *K = (const char *)pb->k.data + fa_tensor_offset(&pb->k, kb, k0, 0) * es;
     const char *V = (const char *)pb->v.data + fa_tensor_offset(&pb->v, kb, k0, 0) * es;
@@ -326,7 +333,7 @@ fa_status std_forward(const fa_problem *pb) {
     /* Heads sharing a K/V head form one strided batch (K/V stride 0 inside it);
      * with no grouping all heads form one batch. */
     const int calls = G == 1 ? 1 : Hk, per = G == 1 ? H : G;
-    if (nk > 0)
+    if (step == 0 && nk > 0)
       for (int c = 0; c < calls; c++) {
         const int h0 = c * per;
         const long long kstr = G == 1 ? pb->k.stride_head : 0;
@@ -338,34 +345,37 @@ fa_status std_forward(const fa_problem *pb) {
             &zero, S + h0 * snn, CUDA_R_32F, (int)nk, snn, per, CUBLAS_COMPUTE_32F,
             CUBLAS_GEMM_DEFAULT));
       }
-    SoftmaxArgs sa;
-    sa.s = S;
-    sa.lse = pb->lse + lse0;
-    sa.lse_hs = lse_hs;
-    sa.o = O;
-    sa.o_ss = pb->o.stride_seq;
-    sa.o_sh = pb->o.stride_head;
-    sa.nq = (int)nq;
-    sa.nk = (int)nk;
-    sa.d = D;
-    sa.softcap = pr->softcap;
-    sa.alibi = pr->alibi_slopes ? pr->alibi_slopes + s * pr->alibi_stride_batch : NULL;
-    sa.mk = fa_mask_make(nq, nk, pr->causal, pr->window_enabled, pr->window_left, pr->window_right);
-    sa.bm = pr->block_mask ? pr->block_mask + s * pr->block_mask_stride_batch : NULL;
-    sa.bm_sh = pr->block_mask_stride_head;
-    sa.bm_sr = pb->block_mask_stride_row;
-    sa.bq = pr->block_size_q;
-    sa.bk = pr->block_size_k;
-    sa.drop = fa_dropout_make(pr->dropout_p, pr->dropout_seed, pr->dropout_offset);
-    if (!(pr->dropout_p > 0)) sa.drop.keep_scale = 0.f;
-    sa.bh0 = (uint32_t)(s * H);
-    const dim3 grid((unsigned)nq, (unsigned)H);
-    if (pb->dtype == FA_DTYPE_F16)
-      std_softmax_kernel<__half><<<grid, 256, 0, stream>>>(sa);
-    else
-      std_softmax_kernel<__nv_bfloat16><<<grid, 256, 0, stream>>>(sa);
-    FA_CUDA_TRY(cudaGetLastError());
-    if (nk > 0)
+    if (step == 1) {
+      SoftmaxArgs sa;
+      sa.s = S;
+      sa.lse = pb->lse + lse0;
+      sa.lse_hs = lse_hs;
+      sa.o = O;
+      sa.o_ss = pb->o.stride_seq;
+      sa.o_sh = pb->o.stride_head;
+      sa.nq = (int)nq;
+      sa.nk = (int)nk;
+      sa.d = D;
+      sa.softcap = pr->softcap;
+      sa.alibi = pr->alibi_slopes ? pr->alibi_slopes + s * pr->alibi_stride_batch : NULL;
+      sa.mk =
+          fa_mask_make(nq, nk, pr->causal, pr->window_enabled, pr->window_left, pr->window_right);
+      sa.bm = pr->block_mask ? pr->block_mask + s * pr->block_mask_stride_batch : NULL;
+      sa.bm_sh = pr->block_mask_stride_head;
+      sa.bm_sr = pb->block_mask_stride_row;
+      sa.bq = pr->block_size_q;
+      sa.bk = pr->block_size_k;
+      sa.drop = fa_dropout_make(pr->dropout_p, pr->dropout_seed, pr->dropout_offset);
+      if (!(pr->dropout_p > 0)) sa.drop.keep_scale = 0.f;
+      sa.bh0 = (uint32_t)(s * H);
+      const dim3 grid((unsigned)nq, (unsigned)H);
+      if (pb->dtype == FA_DTYPE_F16)
+        std_softmax_kernel<__half><<<grid, 256, 0, stream>>>(sa);
+      else
+        std_softmax_kernel<__nv_bfloat16><<<grid, 256, 0, stream>>>(sa);
+      FA_CUDA_TRY(cudaGetLastError());
+    }
+    if (step == 2 && nk > 0)
       for (int c = 0; c < calls; c++) {
         const int h0 = c * per;
         const long long vstr = G == 1 ? pb->v.stride_head : 0;
@@ -377,6 +387,11 @@ fa_status std_forward(const fa_problem *pb) {
             O + (int64_t)h0 * pb->o.stride_head * es, dt, ld_of(&pb->o, nq), pb->o.stride_head, per,
             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       }
+    return FA_OK;
+  };
+  for (int64_t i = 0; i < 3 * pb->batch; i++) { /* (step, sequence) or (sequence, step) */
+    st = whole ? seq_step(i % pb->batch, (int)(i / pb->batch)) : seq_step(i / 3, (int)(i % 3));
+    if (st != FA_OK) return st;
   }
   return FA_OK;
 }

@@ -45,6 +45,10 @@
 #define SF_RB 64
 #define SF_KC 256
 #define SF_MC 48
+/* Parts of a head start at multiples of this (of SF_RB and SF_MC): every band and
+ * block of the products is the same as in one part, so the result does not depend
+ * on the thread count, bit for bit. */
+#define SF_PART 192
 
 /* The whole-batch matrices, U x Nq x Nkp each (NULL where the pass has none). */
 typedef struct sf_mats {
@@ -162,7 +166,7 @@ static int sf_item_of(const fa_problem *pb, int64_t it, int64_t heads, int64_t p
   w->s = u / heads;
   w->h = u % heads;
   w->sq = fa_problem_seq(pb, w->s);
-  const int64_t n = keys ? w->sq.nk : w->sq.nq, per = (n + parts - 1) / parts;
+  const int64_t n = keys ? w->sq.nk : w->sq.nq, per = fa_round_up((n + parts - 1) / parts, SF_PART);
   w->r0 = part * per;
   w->r1 = w->r0 + per < n ? w->r0 + per : n;
   w->mk = fa_mask_make(w->sq.nq, w->sq.nk, pr->causal, pr->window_enabled, pr->window_left,

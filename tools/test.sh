@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The project's test command: builds the library (with the CUDA backend when
-# nvcc is present, so a broken kernel never lands), runs the test suite, then
-# runs it again under AddressSanitizer + UndefinedBehaviorSanitizer.
-# Then builds and installs the Python package into a venv (build-py/venv) and runs
-# its tests (python/tests).
+# The project's test command. Builds the library (with the CUDA backend for every
+# default arch when nvcc is present, so a broken kernel never lands, GPU or not),
+# runs the test suite on each CPU kernel set, checks the install, runs the suite
+# again under AddressSanitizer + UndefinedBehaviorSanitizer, then installs the
+# Python package into a venv (build-py/venv) and runs its tests (python/tests).
+# Every stage's counts add up to the closing line "N passed, N failed"; a stage
+# that crashes counts as failed; the exit status is non-zero if anything failed.
 # Usage: tools/test.sh [--quick] [--no-python]
 #   --quick: skip the sanitizer build; --no-python: skip the Python package tests
-set -euo pipefail
+set -uo pipefail
 cd "$(dirname "$0")/.."
-jobs=$(nproc 2>/dev/null || echo 2)
 quick=0
 python=1
 for arg in "$@"; do
@@ -19,68 +20,144 @@ for arg in "$@"; do
   esac
 done
 
+# ---- stages: each adds its counts to the closing line ----------------------------------
+# stage NAME CMD...   runs CMD; its counts are those of its last "N passed" / "N failed"
+#                     (/ "N error") line (the C suites' and pytest's closing lines), or one
+#                     check when it prints none; a non-zero exit with no failure counted
+#                     (a crash) counts one failure; exit 77 (no device) counts nothing.
+# step NAME CMD...    a build or setup step: counts nothing unless it fails (one failure);
+#                     returns CMD's status, so the stages that need it can be skipped.
+logs=build-logs
+mkdir -p "$logs"
+total_pass=0 total_fail=0 summary=()
+record() { # name, passed, failed, note
+  total_pass=$((total_pass + $2)) total_fail=$((total_fail + $3))
+  summary+=("$(printf '  %-34s %5d passed, %d failed%s' "$1" "$2" "$3" "${4:+ ($4)}")")
+}
+run_logged() { # name, cmd...: the output shown and kept in $logs/NAME.log; returns CMD's status
+  local log="$logs/$1.log"
+  shift
+  "$@" 2>&1 | tee "$log"
+  return "${PIPESTATUS[0]}"
+}
+stage() {
+  local name=$1 rc p f line
+  shift
+  echo "== $name"
+  run_logged "$name" "$@"
+  rc=$?
+  line=$(grep -E '[0-9]+ (passed|failed|errors?)\b' "$logs/$name.log" | tail -1)
+  if [ "$rc" = 77 ]; then
+    record "$name" 0 0 "skipped: $(tail -1 "$logs/$name.log")"
+    return 0
+  elif [ -n "$line" ]; then
+    p=$(grep -oE '[0-9]+ passed' <<<"$line" | grep -oE '[0-9]+' || echo 0)
+    f=$(($(grep -oE '[0-9]+ (failed|errors?)' <<<"$line" | grep -oE '[0-9]+' | paste -sd+ -) + 0))
+  else
+    p=$((rc == 0)) f=0
+  fi
+  if [ "$rc" != 0 ] && [ "$f" = 0 ]; then
+    f=1
+    record "$name" "$p" "$f" "exit status $rc"
+  else
+    record "$name" "$p" "$f"
+  fi
+  return "$rc"
+}
+step() {
+  local name=$1 rc
+  shift
+  echo "== $name"
+  run_logged "$name" "$@"
+  rc=$?
+  [ "$rc" = 0 ] || record "$name" 0 1 "exit status $rc, see $logs/$name.log"
+  return "$rc"
+}
+skip() { # name, why: a stage that could not run counts as failed
+  record "$1" 0 1 "not run: $2"
+}
+finish() {
+  echo "== summary (logs in $logs/)"
+  printf '%s\n' "${summary[@]}"
+  echo "$total_pass passed, $total_fail failed"
+  [ "$total_fail" = 0 ]
+  exit $?
+}
+
 need() { command -v "$1" >/dev/null 2>&1; }
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 if ! need cmake || ! need cc; then
   echo "== installing build tools (cmake, gcc)"
-  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq cmake gcc make >/dev/null
-  else sudo apt-get update -qq && sudo apt-get install -y -qq cmake gcc make >/dev/null; fi
+  as_root apt-get update -qq && as_root apt-get install -y -qq cmake gcc make >/dev/null
 fi
+# parallel jobs: the cores, at most one per 2 GiB of memory (a CUDA compile takes ~1.5 GiB)
+jobs=$(nproc 2>/dev/null || echo 2)
+mem_jobs=$(awk '/^MemAvailable:/ {print int($2 / 2097152)}' /proc/meminfo 2>/dev/null || echo "$jobs")
+[ "${mem_jobs:-0}" -ge 1 ] && [ "$mem_jobs" -lt "$jobs" ] && jobs=$mem_jobs
 
+# The CUDA backend whenever nvcc is there, GPU or not, for every default arch
+# (FLASHATTN_CUDA=ON; the default AUTO would skip it without a GPU).
 cuda=OFF
 if need nvcc || [ -x /usr/local/cuda/bin/nvcc ]; then
   cuda=ON
   need nvcc || export PATH=/usr/local/cuda/bin:$PATH
 fi
 
-echo "== release build (CUDA backend: $cuda)"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=$cuda >/dev/null
-cmake --build build -j"$jobs"
-echo "== test suite (release)"
-./build/bin/test_flashattn
-echo "== test suite (release, AVX2 CPU kernels where the default is their AVX-512VL build)"
-FLASHATTN_CPU_ISA=avx2 ./build/bin/test_flashattn --quick
-echo "== test suite (release, portable CPU kernels instead of AVX2)"
-FLASHATTN_CPU_ISA=portable ./build/bin/test_flashattn --quick
-echo "== install, then build the README's example against it (pkg-config, find_package)"
-tools/check-install.sh build
+# ---- C library: release build, suites, install check ----------------------------------
+if step "release build (CUDA backend: $cuda)" \
+  bash -c "cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=$cuda >/dev/null &&
+           cmake --build build -j$jobs"; then
+  stage "test suite (release)" ./build/bin/test_flashattn
+  stage "test suite (AVX2 kernels)" env FLASHATTN_CPU_ISA=avx2 ./build/bin/test_flashattn --quick
+  stage "test suite (portable kernels)" env FLASHATTN_CPU_ISA=portable ./build/bin/test_flashattn --quick
+  [ "$cuda" = ON ] && stage "CUDA tests (vs the CPU oracle)" ./build/bin/test_cuda
+  # installs, then builds the README's example against it (pkg-config, find_package)
+  stage "install check" tools/check-install.sh build
+else
+  skip "test suites" "the release build failed"
+fi
 
+# ---- sanitizers ------------------------------------------------------------------------
 if [ "$quick" = 0 ]; then
-  echo "== sanitizer build (ASan + UBSan, CPU backend)"
-  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DFLASHATTN_CUDA=OFF -DFLASHATTN_SANITIZE=ON \
-    -DFLASHATTN_BENCH=OFF -DCMAKE_C_FLAGS="-O1" >/dev/null
-  cmake --build build-asan -j"$jobs"
-  echo "== test suite (sanitizers)"
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ./build-asan/bin/test_flashattn
+  if step "sanitizer build (ASan + UBSan, CPU backend)" \
+    bash -c "cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DFLASHATTN_CUDA=OFF \
+               -DFLASHATTN_SANITIZE=ON -DFLASHATTN_BENCH=OFF -DCMAKE_C_FLAGS=-O1 >/dev/null &&
+             cmake --build build-asan -j$jobs"; then
+    stage "test suite (sanitizers)" env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+      UBSAN_OPTIONS=print_stacktrace=1 ./build-asan/bin/test_flashattn
+  else
+    skip "test suite (sanitizers)" "the sanitizer build failed"
+  fi
 fi
 
 # ---- Python package: pip install . into a venv, then pytest python/tests ------------
 # torch comes from PyPI (its Linux wheel is the CUDA build: ~3 GB of downloads, ~5.4 GB
 # installed, 1.5 minutes cold; pip's cache in ~/.cache/pip makes reruns fast). The
-# wheel is built CPU-only unless a GPU is visible (nvcc alone would compile kernels no
-# test here can run); set FLASHATTN_PY_CUDA=AUTO|ON|OFF to choose.
-if [ "$python" = 1 ]; then
-  echo "== python package (pip install . into build-py/venv, pytest python/tests)"
-  py_start=$SECONDS
-  venv=build-py/venv
+# wheel gets the CUDA backend only where a GPU is visible (pyproject's FLASHATTN_CUDA=AUTO);
+# set FLASHATTN_PY_CUDA=AUTO|ON|OFF to choose.
+python_env() {
+  local venv=build-py/venv
   if [ ! -x "$venv/bin/python" ]; then
     if ! python3 -m venv "$venv" >/dev/null 2>&1; then
       rm -rf "$venv"
-      echo "== installing python3-venv"
-      if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
-      else sudo apt-get update -qq && sudo apt-get install -y -qq python3-venv >/dev/null; fi
-      python3 -m venv "$venv"
+      echo "installing python3-venv"
+      as_root apt-get update -qq && as_root apt-get install -y -qq python3-venv >/dev/null
+      python3 -m venv "$venv" || return 1
     fi
   fi
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy pytest ml_dtypes torch
-  py_cuda=${FLASHATTN_PY_CUDA:-}
-  if [ -z "$py_cuda" ]; then
-    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then py_cuda=AUTO; else py_cuda=OFF; fi
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy pytest ml_dtypes torch &&
+    SKBUILD_CMAKE_DEFINE="FLASHATTN_CUDA=${FLASHATTN_PY_CUDA:-AUTO}" \
+      "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps .
+}
+if [ "$python" = 1 ]; then
+  py_start=$SECONDS
+  if step "python package (pip install . into build-py/venv)" python_env; then
+    echo "(venv and install took $((SECONDS - py_start)) s)"
+    # from the repository root, so `import flashattn` is the installed package
+    stage "python tests (pytest)" build-py/venv/bin/python -m pytest python/tests -q -p no:cacheprovider
+  else
+    skip "python tests (pytest)" "the package did not install"
   fi
-  echo "== pip install . (FLASHATTN_CUDA=$py_cuda)"
-  SKBUILD_CMAKE_DEFINE="FLASHATTN_CUDA=$py_cuda" \
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps .
-  echo "== python tests (venv and install took $((SECONDS - py_start)) s)"
-  # from the repository root, so `import flashattn` is the installed package
-  "$venv/bin/python" -m pytest python/tests -q -p no:cacheprovider
 fi
+
+finish

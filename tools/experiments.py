@@ -13,7 +13,7 @@ per experiment, writes one CSV per experiment and, when matplotlib is importable
 
 CPU sizes are scaled down from the GPU papers' (this is a 2-core machine); every CSV row
 carries the exact shape, and the bench command is printed on stderr with progress.
-GPU experiments with PyTorch SDPA peers are tools/bench_sdpa.py's job (tools/gpu-check.sh).
+GPU experiments with PyTorch SDPA peers are tools/peers/bench_sdpa.py's job (tools/gpu-check.sh).
 
 Usage: tools/experiments.py [--only seeds,fig3,io,grid] [--quick] [--out results/cpu]
                             [--bench build/bin/flashattn-bench] [--threads N]

@@ -1,23 +1,22 @@
 #!/usr/bin/env bash
-# The GPU machine's one check: builds the CUDA backend (sm_90, shared library,
+# The check of a GPU machine: builds the CUDA backend (sm_90, shared library,
 # into build-gpu), runs test_cuda (forward and backward) against the float64
 # CPU oracle, runs compute-sanitizer memcheck and racecheck on test_cuda
-# --small, then the benchmarks against PyTorch SDPA (tools/bench_sdpa.py, then
-# the decode shapes: tools/bench_decode.py), tables last. On Hopper test_cuda
+# --small, then the benchmarks against PyTorch SDPA (tools/peers/bench_sdpa.py, then
+# the decode shapes: tools/peers/bench_decode.py), tables last. On Hopper test_cuda
 # runs three times: as is, with FLASHATTN_CUDA_WGMMA=strict (the Hopper
 # kernels, no fallback) and with FLASHATTN_CUDA_WGMMA=0 (every case on the
 # sm_80 kernels, as an A100 runs them; --no-sm80 skips it). Logs and JSON go
-# to $OUT (the device tool's output folder) or build-gpu/out; the *.log files
-# end up in one $OUT/logs.tgz.
+# to $OUT (default build-gpu/out), the *.log files packed into one logs.tgz.
 # Usage: tools/gpu-check.sh [--no-test] [--no-sm80] [--no-sanitize] [--no-bench] [--quick-bench]
 #          [--fwd-only | --bwd-only] [--no-mem] [--tune NAME=FLAGS]... [--experiments]
-#          [--prebuilt=TARBALL] [--build-only]
+#          [--prebuilt=TARBALL | --build-only | --pack=TARBALL]
 #   --experiments: also run tools/gpu_experiments.py (the papers' tables, CSV into
 #   $OUT/gpu; plot them anywhere with --plot-only).
-#   --prebuilt=TARBALL: skip the build and unpack build-gpu from TARBALL instead
-#   (made here by tools/pack-gpu-build.sh, to spend no device time compiling).
-#   --build-only: build build-gpu and stop (any machine with nvcc; what
-#   tools/pack-gpu-build.sh packs).
+#   --build-only: build build-gpu and stop (any machine with nvcc, no GPU needed).
+#   --pack=TARBALL: that, then pack what a run needs (library, tests, benchmarks: ~15 MB)
+#   into TARBALL, so that a GPU machine spends no time compiling:
+#   --prebuilt=TARBALL: skip the build and unpack build-gpu from TARBALL instead.
 #   --tune NAME=FLAGS: also build the library with CMAKE_CUDA_FLAGS=FLAGS (e.g.
 #   "b128=-DFA_BWD128_BR=64 -DFA_BWD128_NW=8") into build-gpu-NAME and time
 #   only ours with it (same grid), before the main benchmark.
@@ -26,7 +25,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/build-gpu/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-run_test=1 run_sm80=1 run_san=1 run_bench=1 run_exp=0 build_only=0 prebuilt= bench_args=() tunes=()
+run_test=1 run_sm80=1 run_san=1 run_bench=1 run_exp=0 build_only=0 prebuilt='' pack='' bench_args=() tunes=()
 for a in "$@"; do
   case "$a" in
     --no-test) run_test=0 ;;
@@ -41,6 +40,7 @@ for a in "$@"; do
     --experiments) run_exp=1 ;;
     --prebuilt=*) prebuilt=${a#--prebuilt=} ;;
     --build-only) build_only=1 ;;
+    --pack=*) pack=${a#--pack=} build_only=1 ;;
     *) echo "unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -68,6 +68,16 @@ else
     tail -40 "$OUT/build.log"
     exit 1
   fi
+fi
+if [ -n "$pack" ]; then # the run's files: the library, the test and bench binaries
+  tmp=$(mktemp -d)
+  mkdir -p "$tmp/build-gpu/bin" "$(dirname "$pack")"
+  cp -a build-gpu/libflashattn.so* "$tmp/build-gpu/"
+  strip --strip-unneeded "$tmp"/build-gpu/libflashattn.so.*.*
+  for b in test_cuda test_wgmma flashattn-bench flashattn-block-sweep; do
+    [ -x "build-gpu/bin/$b" ] && cp "build-gpu/bin/$b" "$tmp/build-gpu/bin/"
+  done
+  tar czf "$pack" -C "$tmp" build-gpu && rm -rf "$tmp" && ls -la "$pack"
 fi
 [ $build_only = 1 ] && exit 0
 
@@ -108,7 +118,7 @@ for t in "${tunes[@]}"; do
   stamp "tune $name: $flags"
   if build "build-gpu-$name" "$flags" flashattn >"$OUT/build-$name.log" 2>&1; then
     lib=$(ls build-gpu-$name/libflashattn.so* 2>/dev/null | head -1)
-    python3 tools/bench_sdpa.py --lib "$lib" --only-ours "${bench_args[@]}" 2>/dev/null |
+    python3 tools/peers/bench_sdpa.py --lib "$lib" --only-ours "${bench_args[@]}" 2>/dev/null |
       tee "$OUT/tune-$name.txt"
   else
     grep -E "error|spill" "$OUT/build-$name.log" | head -5
@@ -118,10 +128,10 @@ done
 if [ $run_bench = 1 ]; then
   stamp "bench_sdpa"
   lib=$(ls build-gpu/libflashattn.so* 2>/dev/null | head -1)
-  python3 tools/bench_sdpa.py --lib "$lib" --json "$OUT/bench_sdpa.json" "${bench_args[@]}" \
+  python3 tools/peers/bench_sdpa.py --lib "$lib" --json "$OUT/bench_sdpa.json" "${bench_args[@]}" \
     >"$OUT/bench_sdpa.txt" 2>"$OUT/bench_sdpa.err" || { status=1; tail -20 "$OUT/bench_sdpa.err"; }
   stamp "bench_decode"
-  python3 -W ignore tools/bench_decode.py --lib "$lib" --json "$OUT/bench_decode.json" \
+  python3 -W ignore tools/peers/bench_decode.py --lib "$lib" --json "$OUT/bench_decode.json" \
     >"$OUT/bench_decode.txt" 2>"$OUT/bench_decode.err" || { status=1; tail -20 "$OUT/bench_decode.err"; }
 fi
 if [ $run_exp = 1 ]; then
@@ -130,7 +140,7 @@ if [ $run_exp = 1 ]; then
     --out "$OUT/gpu" >"$OUT/experiments.log" 2>&1 || status=1
   grep -E "meta|done|failed|io |blocks" "$OUT/experiments.log" | cut -c1-400
 fi
-# the device tool returns a few files from $OUT: the logs go back as one
+# the logs as one file, to copy off the machine
 ( cd "$OUT" && ls ./*.log >/dev/null 2>&1 && tar czf logs.tgz ./*.log && rm -f ./*.log )
 stamp "done (status $status)"
 [ $run_bench = 1 ] && cat "$OUT/bench_sdpa.txt" "$OUT/bench_decode.txt"

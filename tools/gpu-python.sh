@@ -3,7 +3,7 @@
 # the Python package's test suite (CUDA tests included) against that library, whether
 # the README's `pip install .` works there, and the GPT-2 example (ours vs torch's math
 # attention: loss curves, step time, peak memory at seqlen 1024 and 4096).
-# Logs and JSON go to $OUT (the device tool's output folder) or build-gpu/out.
+# Logs and JSON go to $OUT (default build-gpu/out).
 # Usage: tools/gpu-python.sh [--no-example] [--steps N]
 set -uo pipefail
 cd "$(dirname "$0")/.."

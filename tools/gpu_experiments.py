@@ -13,7 +13,7 @@ process: one CSV per experiment (and a PNG each with --plot-only, here or on the
           (dram__bytes_read.sum + dram__bytes_write.sum, one call between cudaProfilerStart/Stop)
   blocks  FlashAttention Figure 2 (middle): forward runtime and HBM bytes vs block size
           (flashattn-block-sweep, analytic and ncu)
-  grid    FlashAttention-2's grid (tools/bench_sdpa.py's, bf16, B*N=16384, H*D=2048) with the
+  grid    FlashAttention-2's grid (tools/peers/bench_sdpa.py's, bf16, B*N=16384, H*D=2048) with the
           measured bf16 matmul peak (8192^3) as the roof
 
 Usage: python3 tools/gpu_experiments.py --lib build-gpu/libflashattn.so --bin build-gpu/bin
@@ -31,6 +31,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "peers"))  # bench_sdpa
 from experiments import io_bytes, log_ticks, md_table, num, plt_or_none, read_rows, write_csv  # noqa: E402
 
 T0 = time.time()

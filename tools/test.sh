@@ -9,7 +9,7 @@
 # Usage: tools/test.sh [--quick] [--no-python]
 #   --quick: skip the sanitizer build; --no-python: skip the Python package tests
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 quick=0
 python=1
 for arg in "$@"; do

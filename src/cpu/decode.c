@@ -50,7 +50,7 @@ enum {
    * at least DEC_BK keys and at most DEC_ROWS_MAX. Reading K and V in
    * alternate 64 KiB runs (32 keys at H=8, D=128, f16) read 0.83-0.89 of
    * one stream's DRAM rate on a Zen 4 host in its fast-DRAM minutes, 256 KiB
-   * runs 0.95-1.04 (with no arithmetic: tools/kv_stream.c); the decode went
+   * runs 0.95-1.04 (with no arithmetic: tools/dev/kv_stream.c); the decode went
    * 4-7% faster with them (docs/PERF.md, CPU F7) */
   DEC_ROWS_BYTES = 256 << 10,
   DEC_ROWS_MAX = 256

@@ -72,7 +72,7 @@ if [ ! -x "$FA_BENCH" ]; then
     || { tail -30 "$FA_DIR/build.log" >&2; exit 1; }
 fi
 
-# ---- the shapes (issue 5): flashattn-bench's shape flags, then our storage dtype --------
+# ---- the shapes: flashattn-bench's shape flags, then our storage dtype --------
 # llama.cpp always runs Q f32 with K/V f16; torch runs f32 and bf16.
 SHAPES=(
   "--headdim 72 --heads 16 --seqlen 5776 --no-causal|f16"

@@ -2,7 +2,7 @@
 """Long-sequence accuracy on the GPU: output and gradients of ours and of SDPA's flash
 backend against float64 math attention, at training shapes (what the unit tests' small
 sizes cannot show). Run where the Python package can find libflashattn.so, e.g.
-  FLASHATTN_LIBRARY=build-gpu/libflashattn.so PYTHONPATH=python python3 tools/gpu_grad_check.py
+  FLASHATTN_LIBRARY=build-gpu/libflashattn.so PYTHONPATH=python python3 tools/dev/gpu_grad_check.py
 """
 import math
 import sys

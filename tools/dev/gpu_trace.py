@@ -3,14 +3,14 @@
 the global timer at entry, when K/V arrived, after the last step and at the end, its SM and
 its step count, summarised per phase (entry -> K/V, step loop, per step, epilogue, gap to the
 SM's next block) for a causal window, full causal and dense (B=2, H=16, N=16384, D=128, bf16),
-and issue 7's random block masks at N=4096, B=4 (density 1/16 and 0, 128-blocks); pass case
+and random block masks at N=4096, B=4 (density 1/16 and 0, 128-blocks); pass case
 names to run a subset (window1024 causal dense sparse16 sparse0).
 
 Needs a library built with the probe, e.g. on a machine with nvcc:
   cmake -S . -B build-trace -DFLASHATTN_CUDA=ON -DFLASHATTN_CUDA_ARCHS=90 -DBUILD_SHARED_LIBS=ON \
         -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_FLAGS=-DFA_SM90_TRACE" && cmake --build build-trace
 then on the GPU: FLASHATTN_LIBRARY=build-trace/libflashattn.so PYTHONPATH=python \
-  python3 tools/gpu_trace.py   (CSV per case into $OUT or the current folder)"""
+  python3 tools/dev/gpu_trace.py   (CSV per case into $OUT or the current folder)"""
 import ctypes, os, statistics as st, sys, torch
 import flashattn
 lib = ctypes.CDLL(os.environ["FLASHATTN_LIBRARY"])

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Issue 7's CPU numbers: flash2 time against block density s (--block-sparse S,128: every
+# Block-sparse and sliding-window times on the CPU: flash2 time against block density s (--block-sparse S,128: every
 # 128-row block keeps round(S * 32) random 128-key blocks; S = 0 hides them all, the call's
 # fixed cost T0), checked against the bound time(s) <= 1.1 * s * time(dense) + T0, then the
 # sliding-window shape (B=2, H=16, N=16384, D=128, bf16, causal, window 1024) against the
 # dense causal run. B=1, H=16, N=4096, D=64, f32, 2 threads. docs/PERF.md, "Dropout and
-# block-sparse (CPU)".   tools/cpu-sparse.sh [--no-window]   (BENCH=... for another build)
+# block-sparse (CPU)".   tools/perf/sparse-cpu.sh [--no-window]   (BENCH=... for another build)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 # the README's build (build/) unless a CPU-only build-cpu/ is there
 B=${BENCH:-./build-cpu/bin/flashattn-bench}
 [ -n "${BENCH:-}" ] || [ -x "$B" ] || B=./build/bin/flashattn-bench

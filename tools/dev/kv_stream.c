@@ -4,7 +4,7 @@
  * contiguous stream per thread that flashattn-bench --peak measures. Tells
  * what the decode's access pattern can reach from DRAM on this host
  * (docs/PERF.md, CPU F7).
- *   cc -O2 -mavx2 -fopenmp tools/kv_stream.c -o kv_stream
+ *   cc -O2 -mavx2 -fopenmp tools/dev/kv_stream.c -o kv_stream
  *   ./kv_stream [MiB of each array, 64] [KiB per block, 64] */
 #include <immintrin.h>
 #include <omp.h>

@@ -2,11 +2,11 @@
 """Decode-shape forward on one GPU (one query row per head, or --nq rows as in
 speculative decoding, against a long K/V cache):
 flashattn's CUDA forward against PyTorch SDPA's flash, cuDNN and memory-efficient
-backends in the same process, timed as tools/bench_sdpa.py times (CUDA events,
+backends in the same process, timed as tools/peers/bench_sdpa.py times (CUDA events,
 median). Reports microseconds and the K/V bytes read per second (the decode is
 bound by reading K and V once).
 
-Usage: python3 tools/bench_decode.py --lib build-gpu/libflashattn.so [--nq N] [--headdim D]
+Usage: python3 tools/peers/bench_decode.py --lib build-gpu/libflashattn.so [--nq N] [--headdim D]
        [--json out.json]
 """
 import argparse

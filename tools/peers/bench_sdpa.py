@@ -14,7 +14,7 @@ Then (forward pass) the seeds' configuration (B=32, N=512, H=16, D=64, f16, caus
 time and extra memory; (backward pass) peak memory of forward+backward against N
 (B=1, H=16, D=128, bf16, N 1k..64k) for ours, SDPA flash and SDPA math.
 
-Usage: python3 tools/bench_sdpa.py --lib build-gpu/libflashattn.so [--pass fwd|bwd|all]
+Usage: python3 tools/peers/bench_sdpa.py --lib build-gpu/libflashattn.so [--pass fwd|bwd|all]
        [--quick] [--json out.json]
 """
 import argparse
@@ -43,7 +43,7 @@ def _params_fields():
     """fa_params' fields, read from include/flashattn.h so the ctypes layout
     follows the header (it grows as features land)."""
     import re
-    hdr = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "include", "flashattn.h")
+    hdr = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "include", "flashattn.h")
     text = open(hdr).read()
     body = text[text.index("typedef struct fa_params {"):text.index("} fa_params;")]
     body = re.sub(r"/\*.*?\*/", "", body.split("{", 1)[1], flags=re.S)

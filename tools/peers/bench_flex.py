@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Sliding-window attention as a block mask: flashattn (CUDA) against FlexAttention with the
-same BlockMask, in one run (issue 7).
+same BlockMask, in one run.
 
 FlexAttention gets create_block_mask(sliding-window causal mask_mod) and runs compiled
 (torch.compile, warmed up); flashattn gets the same BlockMask as a dense byte mask
@@ -28,7 +28,7 @@ fwdbwd_ms, bwd_ms synchronised; queued_fwd_ms, queued_fwdbwd_ms, queued_bwd_ms;
 host_fwd_ms, host_fwdbwd_ms).
 
 Usage: FLASHATTN_LIBRARY=build-gpu/libflashattn.so PYTHONPATH=python \
-         python3 tools/bench_flex.py [--seqlen 16384] [--window 1024] [--batch 2] [--heads 16]
+         python3 tools/peers/bench_flex.py [--seqlen 16384] [--window 1024] [--batch 2] [--heads 16]
                                      [--headdim 128] [--repeat 20] [--queue 20] [--json FILE]"""
 import argparse
 import json

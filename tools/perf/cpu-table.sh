@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Issue 5's CPU table in one pass: every row one flashattn-bench invocation with its own
+# The CPU headline table in one pass: every row one flashattn-bench invocation with its own
 # --peak (FMA peak and DRAM read), printed as fractions of them: the 4096 shapes (D=64/128,
 # f32/f16, causal or not; forward and backward), llama.cpp's two prefill shapes and the
 # decode at Nk=16384 (64 MiB of K/V, twice a 32 MiB L3) and Nk=65536, whose K/V rate is given
-# from the median run (the issue's figure) and from the best run (like --peak's DRAM figure,
+# from the median run and from the best run (like --peak's DRAM figure,
 # the best of its passes). docs/PERF.md, CPU F5.
-#   tools/cpu-issue5.sh            (BENCH=path/to/flashattn-bench to time another build)
-#   tools/cpu-issue5.sh --decode   (the two decode rows alone)
+#   tools/perf/cpu-table.sh            (BENCH=path/to/flashattn-bench to time another build)
+#   tools/perf/cpu-table.sh --decode   (the two decode rows alone)
 set -uo pipefail
 decode_only=0
 [ "${1:-}" = --decode ] && decode_only=1
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 # the README's build (build/) unless a CPU-only build-cpu/ is there
 B=${BENCH:-./build-cpu/bin/flashattn-bench}
 [ -n "${BENCH:-}" ] || [ -x "$B" ] || B=./build/bin/flashattn-bench

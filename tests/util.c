@@ -93,18 +93,7 @@ uint16_t tu_f32_to_bf16(float f) {
 
 float tu_bf16_to_f32(uint16_t h) { return float_of((uint32_t)h << 16); }
 
-size_t tu_esize(fa_dtype dt) {
-  switch (dt) {
-    case FA_DTYPE_F32:
-      return 4;
-    case FA_DTYPE_F16:
-    case FA_DTYPE_BF16:
-      return 2;
-    case FA_DTYPE_F64:
-      return 8;
-  }
-  return 0;
-}
+size_t tu_esize(fa_dtype dt) { return fa_dtype_size(dt); }
 
 double tu_round(double x, fa_dtype dt) {
   switch (dt) {

@@ -134,14 +134,13 @@ size_t fa_ref_fast_forward_workspace(const fa_problem *pb) { return sf_workspace
 
 size_t fa_ref_fast_backward_workspace(const fa_problem *pb) { return sf_workspace(pb, 1); }
 
-/* The pass's matrices, and thread t's buffers after them. */
+/* The pass's matrices, and the calling thread's buffers after them. */
 static void sf_carve(const fa_problem *pb, int bwd, sf_mats *m, sf_bufs *b) {
   const size_t mats = sf_mats_layout(pb, bwd, (char *)pb->workspace, m);
-  if (b)
-    sf_layout(pb, bwd,
-              (char *)pb->workspace + mats +
-                  (size_t)omp_get_thread_num() * sf_layout(pb, bwd, NULL, NULL),
-              b);
+  sf_layout(
+      pb, bwd,
+      (char *)pb->workspace + mats + (size_t)omp_get_thread_num() * sf_layout(pb, bwd, NULL, NULL),
+      b);
 }
 
 /* A work item: rows (or, per K/V head, keys) [r0, r1) of head h of sequence s. */
@@ -265,23 +264,15 @@ static void sf_gemm_nd(const fa_problem *pb, const fa_kern *kn, float *C, int be
   }
 }
 
-/* Each query row's visible keys [lo, hi) (with nk = 0: empty). */
-static void sf_row_ranges(const fa_mask *mk, int64_t nq, int32_t *lo, int32_t *hi) {
-  for (int64_t i = 0; i < nq; i++) {
+/* Each query row's visible keys [lo, hi) (range: fa_mask_row_range; with nk = 0: empty),
+ * or each key's query rows (fa_mask_col_range), for n rows or keys. */
+typedef void (*sf_range_fn)(const fa_mask *m, int64_t i, int64_t *lo, int64_t *hi);
+static void sf_ranges(const fa_mask *mk, sf_range_fn range, int64_t n, int32_t *lo, int32_t *hi) {
+  for (int64_t i = 0; i < n; i++) {
     int64_t a, z;
-    fa_mask_row_range(mk, i, &a, &z);
+    range(mk, i, &a, &z);
     lo[i] = (int32_t)a;
     hi[i] = (int32_t)z;
-  }
-}
-
-/* Each key's query rows [clo, chi). */
-static void sf_col_ranges(const fa_mask *mk, int64_t nk, int32_t *clo, int32_t *chi) {
-  for (int64_t j = 0; j < nk; j++) {
-    int64_t a, z;
-    fa_mask_col_range(mk, j, &a, &z);
-    clo[j] = (int32_t)a;
-    chi[j] = (int32_t)z;
   }
 }
 
@@ -350,28 +341,38 @@ static void sf_softmax(const fa_problem *pb, const fa_kern *kn, const sf_bufs *b
 /* The K/V head of query head h. */
 static int64_t sf_kv_head(const fa_problem *pb, int64_t h) { return h / pb->group; }
 
+/* A step's start: the matrices, this thread's buffers, the item's row ranges. */
+static const fa_seq *sf_begin(const fa_problem *pb, int bwd, const sf_item *w, sf_mats *m,
+                              sf_bufs *b) {
+  sf_carve(pb, bwd, m, b);
+  sf_ranges(&w->mk, fa_mask_row_range, w->sq.nq, b->lo, b->hi);
+  return &w->sq;
+}
+
+/* The item's Q rows and its K/V head's K^T, the operands of its scores. */
+static void sf_load_qk(const fa_problem *pb, const fa_kern *kn, const sf_item *w, sf_bufs *b) {
+  const fa_seq *sq = &w->sq;
+  sf_load_rows(pb, kn, b->Q, &pb->q, sq->qb, sq->q0 + w->r0, w->h, w->r1 - w->r0);
+  if (sq->nk > 0)
+    sf_load_rows_t(pb, kn, b->KT, &pb->k, sq->kb, sq->k0, sf_kv_head(pb, w->h), sq->nk);
+}
+
 /* ---- forward: S, then P, then O, each a pass over the whole batch ---------- */
 
 static void sf_fwd_scores(const fa_problem *pb, const fa_kern *kn, const sf_item *w) {
   sf_mats m;
   sf_bufs b;
-  sf_carve(pb, 0, &m, &b);
-  const fa_seq *sq = &w->sq;
+  const fa_seq *sq = sf_begin(pb, 0, w, &m, &b);
   const int64_t nkp = fa_round_up(sq->nk, 16);
-  sf_row_ranges(&w->mk, sq->nq, b.lo, b.hi);
-  sf_load_rows(pb, kn, b.Q, &pb->q, sq->qb, sq->q0 + w->r0, w->h, w->r1 - w->r0);
-  if (sq->nk > 0)
-    sf_load_rows_t(pb, kn, b.KT, &pb->k, sq->kb, sq->k0, sf_kv_head(pb, w->h), sq->nk);
+  sf_load_qk(pb, kn, w, &b);
   sf_scores(pb, kn, &b, w, sf_mat(pb, m.S, w) + w->r0 * nkp, NULL);
 }
 
 static void sf_fwd_probs(const fa_problem *pb, const fa_kern *kn, const sf_item *w) {
   sf_mats m;
   sf_bufs b;
-  sf_carve(pb, 0, &m, &b);
-  const fa_seq *sq = &w->sq;
+  const fa_seq *sq = sf_begin(pb, 0, w, &m, &b);
   const int64_t nkp = fa_round_up(sq->nk, 16);
-  sf_row_ranges(&w->mk, sq->nq, b.lo, b.hi);
   const float *S = sf_mat(pb, m.S, w) + w->r0 * nkp;
   float *P = sf_mat(pb, m.P, w) + w->r0 * nkp;
   for (int64_t i = 0; i < w->r1 - w->r0; i++) { /* P = S, then softmax in place */
@@ -383,20 +384,28 @@ static void sf_fwd_probs(const fa_problem *pb, const fa_kern *kn, const sf_item 
   if (pb->params->dropout_p > 0.0f) sf_dropout(pb, kn, P, w, b.lo, b.hi);
 }
 
+/* Rows [r0, r1) of the item's head (row ranges set): out = M X (M those rows of a whole-batch
+ * matrix, X the head's K/V rows of tensor x loaded into X) over each row's visible keys only
+ * (masked rows of X may hold inf/NaN; a row that sees none gets 0), stored to dst times scale. */
+static void sf_rows_product(const fa_problem *pb, const fa_kern *kn, const sf_item *w, sf_bufs *b,
+                            const float *M, const fa_tensor *x, float *X, float *out,
+                            const fa_tensor *dst, float scale) {
+  const fa_seq *sq = &w->sq;
+  const int64_t D = pb->headdim, Dp = fa_round_up(D, FA_VL), nkp = fa_round_up(sq->nk, 16);
+  if (sq->nk > 0) sf_load_rows(pb, kn, X, x, sq->kb, sq->k0, sf_kv_head(pb, w->h), sq->nk);
+  sf_gemm_nd(pb, kn, out, 0, w->r1 - w->r0, sq->nk, M + w->r0 * nkp, nkp, 1, X, b->lo + w->r0,
+             b->hi + w->r0, b->lo2, b->hi2);
+  for (int64_t i = w->r0; i < w->r1; i++)
+    kn->store_row((char *)sf_row(pb, dst, sq->qb, sq->q0 + i, w->h), out + (i - w->r0) * Dp, scale,
+                  pb->dtype, D);
+}
+
+/* O = P V */
 static void sf_fwd_out(const fa_problem *pb, const fa_kern *kn, const sf_item *w) {
   sf_mats m;
   sf_bufs b;
-  sf_carve(pb, 0, &m, &b);
-  const fa_seq *sq = &w->sq;
-  const int64_t D = pb->headdim, Dp = fa_round_up(D, FA_VL), nkp = fa_round_up(sq->nk, 16);
-  sf_row_ranges(&w->mk, sq->nq, b.lo, b.hi);
-  if (sq->nk > 0) sf_load_rows(pb, kn, b.V, &pb->v, sq->kb, sq->k0, sf_kv_head(pb, w->h), sq->nk);
-  /* O = P V over each row's visible keys only (masked V rows may hold inf/NaN) */
-  sf_gemm_nd(pb, kn, b.O, 0, w->r1 - w->r0, sq->nk, sf_mat(pb, m.P, w) + w->r0 * nkp, nkp, 1, b.V,
-             b.lo + w->r0, b.hi + w->r0, b.lo2, b.hi2);
-  for (int64_t i = w->r0; i < w->r1; i++)
-    kn->store_row((char *)sf_row(pb, &pb->o, sq->qb, sq->q0 + i, w->h), b.O + (i - w->r0) * Dp,
-                  1.0f, pb->dtype, D);
+  sf_begin(pb, 0, w, &m, &b);
+  sf_rows_product(pb, kn, w, &b, sf_mat(pb, m.P, w), &pb->v, b.V, b.O, &pb->o, 1.0f);
 }
 
 typedef void (*sf_step)(const fa_problem *pb, const fa_kern *kn, const sf_item *w);
@@ -425,15 +434,11 @@ fa_status fa_ref_fast_forward(const fa_problem *pb) {
 static void sf_bwd_probs(const fa_problem *pb, const fa_kern *kn, const sf_item *w) {
   sf_mats m;
   sf_bufs b;
-  sf_carve(pb, 1, &m, &b);
-  const fa_seq *sq = &w->sq;
+  const fa_seq *sq = sf_begin(pb, 1, w, &m, &b);
   const int64_t D = pb->headdim, Dp = fa_round_up(D, FA_VL), nkp = fa_round_up(sq->nk, 16);
   const int64_t n = w->r1 - w->r0, row0 = w->r0 * nkp;
   float *P = sf_mat(pb, m.P, w) + row0, *Di = sf_di(pb, &m, w);
-  sf_row_ranges(&w->mk, sq->nq, b.lo, b.hi);
-  sf_load_rows(pb, kn, b.Q, &pb->q, sq->qb, sq->q0 + w->r0, w->h, n);
-  if (sq->nk > 0)
-    sf_load_rows_t(pb, kn, b.KT, &pb->k, sq->kb, sq->k0, sf_kv_head(pb, w->h), sq->nk);
+  sf_load_qk(pb, kn, w, &b);
   sf_scores(pb, kn, &b, w, P, m.T ? sf_mat(pb, m.T, w) + row0 : NULL);
   sf_softmax(pb, kn, &b, w, P, Di); /* its lse lands in Di, overwritten below */
   sf_load_rows(pb, kn, b.dO, &pb->dout, sq->qb, sq->q0 + w->r0, w->h, n);
@@ -445,15 +450,13 @@ static void sf_bwd_probs(const fa_problem *pb, const fa_kern *kn, const sf_item 
 static void sf_bwd_dscores(const fa_problem *pb, const fa_kern *kn, const sf_item *w) {
   sf_mats m;
   sf_bufs b;
-  sf_carve(pb, 1, &m, &b);
-  const fa_seq *sq = &w->sq;
+  const fa_seq *sq = sf_begin(pb, 1, w, &m, &b);
   const int64_t nkp = fa_round_up(sq->nk, 16), n = w->r1 - w->r0, row0 = w->r0 * nkp;
   if (sq->nk == 0) return;
   float *P = sf_mat(pb, m.P, w) + row0, *dS = sf_mat(pb, m.dS, w) + row0;
   const float *Di = sf_di(pb, &m, w);
   const float *T = m.T ? sf_mat(pb, m.T, w) + row0 : NULL;
   const int dropout = pb->params->dropout_p > 0.0f;
-  sf_row_ranges(&w->mk, sq->nq, b.lo, b.hi);
   sf_load_rows(pb, kn, b.dO, &pb->dout, sq->qb, sq->q0 + w->r0, w->h, n);
   sf_load_rows_t(pb, kn, b.VT, &pb->v, sq->kb, sq->k0, sf_kv_head(pb, w->h), sq->nk);
   sf_gemm_nt(pb, kn, b.lo + w->r0, b.hi + w->r0, dS, b.dO, b.VT, n, sq->nk, 1.0f); /* dP */
@@ -473,11 +476,10 @@ static void sf_bwd_dscores(const fa_problem *pb, const fa_kern *kn, const sf_ite
 static void sf_bwd_kv(const fa_problem *pb, const fa_kern *kn, const sf_item *w) {
   sf_mats m;
   sf_bufs b;
-  sf_carve(pb, 1, &m, &b);
-  const fa_seq *sq = &w->sq;
+  const fa_seq *sq = sf_begin(pb, 1, w, &m, &b);
   const int64_t D = pb->headdim, Dp = fa_round_up(D, FA_VL), nkp = fa_round_up(sq->nk, 16);
   const int64_t n = w->r1 - w->r0;
-  sf_col_ranges(&w->mk, sq->nk, b.clo, b.chi);
+  sf_ranges(&w->mk, fa_mask_col_range, sq->nk, b.clo, b.chi);
   memset(b.dK, 0, (size_t)(n * Dp) * sizeof(float));
   memset(b.dV, 0, (size_t)(n * Dp) * sizeof(float));
   for (int64_t h = w->h * pb->group; h < (w->h + 1) * pb->group && sq->nq > 0; h++) {
@@ -498,20 +500,12 @@ static void sf_bwd_kv(const fa_problem *pb, const fa_kern *kn, const sf_item *w)
   }
 }
 
-/* dQ = dS K over each row's visible keys (0 for a row that sees none). */
+/* dQ = dS K (scaled) */
 static void sf_bwd_dq(const fa_problem *pb, const fa_kern *kn, const sf_item *w) {
   sf_mats m;
   sf_bufs b;
-  sf_carve(pb, 1, &m, &b);
-  const fa_seq *sq = &w->sq;
-  const int64_t D = pb->headdim, Dp = fa_round_up(D, FA_VL), nkp = fa_round_up(sq->nk, 16);
-  sf_row_ranges(&w->mk, sq->nq, b.lo, b.hi);
-  if (sq->nk > 0) sf_load_rows(pb, kn, b.K, &pb->k, sq->kb, sq->k0, sf_kv_head(pb, w->h), sq->nk);
-  sf_gemm_nd(pb, kn, b.dQ, 0, w->r1 - w->r0, sq->nk, sf_mat(pb, m.dS, w) + w->r0 * nkp, nkp, 1, b.K,
-             b.lo + w->r0, b.hi + w->r0, b.lo2, b.hi2);
-  for (int64_t i = w->r0; i < w->r1; i++)
-    kn->store_row((char *)sf_row(pb, &pb->dq, sq->qb, sq->q0 + i, w->h), b.dQ + (i - w->r0) * Dp,
-                  pb->scale, pb->dtype, D);
+  sf_begin(pb, 1, w, &m, &b);
+  sf_rows_product(pb, kn, w, &b, sf_mat(pb, m.dS, w), &pb->k, b.K, b.dQ, &pb->dq, pb->scale);
 }
 
 fa_status fa_ref_fast_backward(const fa_problem *pb) {

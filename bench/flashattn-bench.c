@@ -2,6 +2,7 @@
  * FlashAttention-2 through the public API on the CPU or a CUDA device and
  * reports time, FLOP/s and extra memory side by side. Run with --help. */
 #define _POSIX_C_SOURCE 200809L
+#include <omp.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,9 +134,17 @@ static int alloc_tensors(const bench_env *e, bench_pass pass, uint64_t seed, cas
 
 /* --standard head: standard attention called once per (sequence b, K/V head hk)
  * on views of the case's tensors (batch 1; the query heads of hk's group), so
- * each call materialises S and P of that head group only. */
+ * each call materialises S and P of that head group only. On the CPU the calls
+ * spread over the threads, one thread and one workspace slot each. */
 static int per_head(const bench_env *e, const fa_params *p) {
   return p->algorithm == FA_ALGO_STANDARD && e->o->standard == BENCH_STD_HEAD;
+}
+
+/* Calls of --standard head that run at once, each with its own workspace slot. */
+static int64_t head_slots(const bench_env *e) {
+  const bench_opts *o = e->o;
+  const int64_t units = o->batch * o->kv_heads;
+  return o->device != FA_DEVICE_CPU ? 1 : units < o->threads ? units : o->threads;
 }
 
 static fa_tensor view(const fa_tensor *t, int64_t b, int64_t h0, int64_t heads) {
@@ -162,6 +171,7 @@ static void head_case(const bench_env *e, const case_mem *m, const fa_params *p,
     vp->block_mask =
         p->block_mask + b * p->block_mask_stride_batch + hk * g * p->block_mask_stride_head;
   if (p->seqused_k) vp->seqused_k = p->seqused_k + b;
+  if (o->device == FA_DEVICE_CPU) vp->num_threads = 1;
 }
 
 /* Asks the library what scratch memory the case needs and passes that in.
@@ -178,6 +188,10 @@ static int alloc_workspace(const bench_env *e, bench_pass pass, fa_params *p, ca
   if (pass != BENCH_FWD) {
     st = fa_workspace_size(FA_PASS_BACKWARD, &vp, &v.t[T_Q], &v.t[T_K], &v.t[T_V], &bwd);
     if (st != FA_OK) return fail_fa(r, "fa_workspace_size(backward)", st);
+  }
+  if (per_head(e, p)) { /* a 64-byte aligned slot per call running at once */
+    const size_t slots = (size_t)head_slots(e);
+    fwd = (fwd + 63) / 64 * 64 * slots, bwd = (bwd + 63) / 64 * 64 * slots;
   }
   const size_t need = fwd > bwd ? fwd : bwd;
   r->extra_bytes = pass == BENCH_FWD ? fwd : pass == BENCH_BWD ? bwd : need;
@@ -222,15 +236,26 @@ static fa_status run_call(const fa_params *p, case_mem *m, bench_pass pass, cons
 static fa_status run_pass(const bench_env *e, const fa_params *p, case_mem *m, bench_pass pass,
                           const char **call) {
   if (!per_head(e, p)) return run_call(p, m, pass, call);
-  for (int64_t b = 0; b < e->o->batch; b++)
-    for (int64_t hk = 0; hk < e->o->kv_heads; hk++) {
-      case_mem v;
-      fa_params vp;
-      head_case(e, m, p, b, hk, &v, &vp);
-      const fa_status st = run_call(&vp, &v, pass, call);
-      if (st != FA_OK) return st;
+  const int64_t units = e->o->batch * e->o->kv_heads, slots = head_slots(e);
+  const size_t slot = p->workspace_bytes / (size_t)slots;
+  fa_status st = FA_OK;
+#pragma omp parallel for num_threads((int)slots) schedule(dynamic, 1)
+  for (int64_t u = 0; u < units; u++) {
+    case_mem v;
+    fa_params vp;
+    const char *c = "";
+    head_case(e, m, p, u / e->o->kv_heads, u % e->o->kv_heads, &v, &vp);
+    vp.workspace = slot ? (char *)p->workspace + (size_t)omp_get_thread_num() * slot : NULL;
+    vp.workspace_bytes = slot;
+    const fa_status s = run_call(&vp, &v, pass, &c);
+    if (s != FA_OK)
+#pragma omp critical
+    {
+      st = s;
+      *call = c;
     }
-  return FA_OK;
+  }
+  return st;
 }
 
 static int cmp_double(const void *a, const void *b) {

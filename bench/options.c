@@ -354,7 +354,8 @@ static const opt_def OPTS[] = {
      "(B,N,H,D) as flash-attn or (B,H,N,D) as PyTorch\nSDPA (default: bnhd)"},
     {"--standard", "batch|head", TAKES_VALUE, opt_standard,
      "what standard attention materialises: S and P\nof the whole batch in one call, as the "
-     "papers'\nbaseline, or of one (batch, K/V head) per call\n(default: batch)"},
+     "papers'\nbaseline, or of one (batch, K/V head) per call,\nthe calls spread over the "
+     "threads (default:\nbatch)"},
     {"--repeat", "N", TAKES_VALUE, opt_repeat,
      "timed runs per case; the median is reported\n(default: 3 on cpu, 20 on cuda)"},
     {"--warmup", "N", TAKES_VALUE, opt_warmup, "untimed runs before timing (default: 1)"},

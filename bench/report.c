@@ -148,8 +148,9 @@ void bench_print_header(const bench_opts *o, const bench_peak *peak) {
       printf(o->standard == BENCH_STD_BATCH
                  ? "standard: S and P of the whole batch in memory (B*H*Nq*Nk floats each), the "
                    "papers' baseline (--standard head: one head at a time)\n"
-                 : "standard: one call per (batch, K/V head), S and P of that head alone in "
-                   "memory (--standard batch: the whole batch, the papers' baseline)\n");
+                 : "standard: one call per (batch, K/V head), on one thread each, S and P of "
+                   "the heads in progress alone in memory (--standard batch: the whole batch, "
+                   "the papers' baseline)\n");
   printf("%-9s %-6s %-6s %4s %4s %4s %6s %6s %4s %-5s %-6s %11s %4s %9s %10s", "impl", "device",
          "pass", "B", "H", "Hk", "Nq", "Nk", "D", "dtype", "causal", "ms(median)", "runs",
          "GFLOP/s", "extra MiB");

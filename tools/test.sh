@@ -34,8 +34,10 @@ record() { # name, passed, failed, note
   total_pass=$((total_pass + $2)) total_fail=$((total_fail + $3))
   summary+=("$(printf '  %-34s %5d passed, %d failed%s' "$1" "$2" "$3" "${4:+ ($4)}")")
 }
-run_logged() { # name, cmd...: the output shown and kept in $logs/NAME.log; returns CMD's status
-  local log="$logs/$1.log"
+logname() { echo "$logs/${1//[^A-Za-z0-9._-]/_}.log"; }
+run_logged() { # name, cmd...: the output shown and kept in $(logname NAME); returns CMD's status
+  local log
+  log=$(logname "$1")
   shift
   "$@" 2>&1 | tee "$log"
   return "${PIPESTATUS[0]}"
@@ -46,9 +48,9 @@ stage() {
   echo "== $name"
   run_logged "$name" "$@"
   rc=$?
-  line=$(grep -E '[0-9]+ (passed|failed|errors?)\b' "$logs/$name.log" | tail -1)
+  line=$(grep -E '[0-9]+ (passed|failed|errors?)\b' "$(logname "$name")" | tail -1)
   if [ "$rc" = 77 ]; then
-    record "$name" 0 0 "skipped: $(tail -1 "$logs/$name.log")"
+    record "$name" 0 0 "skipped: $(tail -1 "$(logname "$name")")"
     return 0
   elif [ -n "$line" ]; then
     p=$(grep -oE '[0-9]+ passed' <<<"$line" | grep -oE '[0-9]+' || echo 0)
@@ -70,7 +72,7 @@ step() {
   echo "== $name"
   run_logged "$name" "$@"
   rc=$?
-  [ "$rc" = 0 ] || record "$name" 0 1 "exit status $rc, see $logs/$name.log"
+  [ "$rc" = 0 ] || record "$name" 0 1 "exit status $rc, see $(logname "$name")"
   return "$rc"
 }
 skip() { # name, why: a stage that could not run counts as failed

@@ -37,6 +37,7 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=$cuda >/dev/null
 cmake --build build -j"$jobs"
 echo "== test suite (release)"
 ./build/bin/test_flashattn
+./build/bin/test_dq_order
 echo "== test suite (release, AVX2 CPU kernels where the default is their AVX-512VL build)"
 FLASHATTN_CPU_ISA=avx2 ./build/bin/test_flashattn --quick
 echo "== test suite (release, portable CPU kernels instead of AVX2)"
@@ -52,6 +53,8 @@ if [ "$quick" = 0 ]; then
   echo "== test suite (sanitizers)"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ./build-asan/bin/test_flashattn
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ./build-asan/bin/test_dq_order
 fi
 
 # ---- Python package: pip install . into a venv, then pytest python/tests ------------

@@ -287,63 +287,87 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
       };
       for_each_live(steps, skip, load);
     } else if (DET && tid < 64) {
-      /* the dQ writer: per step, in the walk's order (skipped steps too),
-       * the block's turn at the tile, both warpgroups' reduce-adds, their
-       * completion, the count; lane 0 waits and issues, the warp takes the
-       * named barriers */
+      /* The dQ writer, per step of the walk (skipped steps too): the
+       * block's turn at the tile, both warpgroups' reduce-adds, then the
+       * count. Lane 0 waits and issues; the warp takes the named barriers.
+       * Kept short, as it runs once per step: the turns come 32 steps at a
+       * time, one per lane; the tile's count is read before the staging
+       * barriers (it only grows); a step's count is raised once its adds
+       * have completed, after the next step's staging barriers (by then they
+       * have had a step's time), before any wait on another block. */
+      const int lane = tid & 31;
       const fa_dq_order ord = fa_dq_order_make(&mk, BC, BR, p.det_wave);
       named_arrive(kDqEmpty, kDqBarThreads); /* both staging tiles start empty */
       named_arrive(kDqEmpty + 1, kDqBarThreads);
+      int *pend = nullptr; /* the last live step's count, raised once its adds complete */
+      int turn = 0;        /* this lane's: step (s & ~31) + lane's */
       for (int s = 0; s < steps; ++s) {
         int h, r;
+        if ((s & 31) == 0 && s + lane < steps) {
+          tile_of(s + lane, h, r);
+          turn = fa_dq_turn(&ord, bx, r / BR);
+        }
+        const int want = __shfl_sync(0xffffffffu, turn, s & 31);
         tile_of(s, h, r);
         const bool live = !skip(s);
         int *const sem = p.dq_sem + sv.lse0 + (int64_t)h * sv.lse_hs + r;
-        if (tid == 32) {
-          const int want = fa_dq_turn(&ord, bx, r / BR);
-          for (int n;;) {
+        int n = 0;
+        if (lane == 0)
+          asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(n) : "l"(sem) : "memory");
+        if (live)
+#pragma unroll
+          for (int w = 0; w < S::NWG; ++w)
+            named_sync(kDqFull + w, kDqBarThreads); /* both warpgroups' dQ blocks are staged */
+        if (lane == 0) {
+          if (pend) { /* the sums are in memory before the count says so */
+            asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+            asm volatile("fence.proxy.async.global;\n" ::: "memory");
+            asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(pend) : "memory");
+            pend = nullptr;
+          }
+          while (n < want) {
+            __nanosleep(32);
             asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(n) : "l"(sem) : "memory");
-            if (n >= want) break;
-            __nanosleep(64);
           }
           asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the adds come after */
+          if (!live) /* nothing to add: counted at once */
+            asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
         }
-        __syncwarp();
         if (live) {
+          if (lane == 0) {
 #pragma unroll
-          for (int w = 0; w < S::NWG; ++w) {
-            named_sync(kDqFull + w, kDqBarThreads); /* warpgroup w's dQ block is staged */
-            const int qw = S::ROW_SPLIT ? w * 64 : 0, dw = S::ROW_SPLIT ? 0 : w * S::DQC;
-            const uint32_t src = sK + L::DQ0 + w * L::DQBYTES;
-            if (tid == 32 && r + qw < nq)
+            for (int w = 0; w < S::NWG; ++w) {
+              const int qw = S::ROW_SPLIT ? w * 64 : 0, dw = S::ROW_SPLIT ? 0 : w * S::DQC;
+              const uint32_t src = sK + L::DQ0 + w * L::DQBYTES;
+              if (r + qw < nq)
 #pragma unroll
-              for (int bb = 0; bb < S::DQC / 32; ++bb)
-                asm volatile(
-                    "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, "
-                    "{%1, %2, %3, %4}], [%5];\n" ::"l"(&P.tdq),
-                    "r"(dw + bb * 32), "r"(mq.row + r + qw), "r"(h), "r"(mq.batch),
-                    "r"(src + bb * 8192)
-                    : "memory");
-          }
-          if (tid == 32) {
+                for (int bb = 0; bb < S::DQC / 32; ++bb)
+                  asm volatile(
+                      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, "
+                      "{%1, %2, %3, %4}], [%5];\n" ::"l"(&P.tdq),
+                      "r"(dw + bb * 32), "r"(mq.row + r + qw), "r"(h), "r"(mq.batch),
+                      "r"(src + bb * 8192)
+                      : "memory");
+            }
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
             asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+            pend = sem;
           }
           __syncwarp();
 #pragma unroll
           for (int w = 0; w < S::NWG; ++w) named_arrive(kDqEmpty + w, kDqBarThreads);
-          if (tid == 32) { /* the sums are in memory before the count says so */
-            asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-            asm volatile("fence.proxy.async.global;\n" ::: "memory");
-          }
         }
-        if (tid == 32)
-          asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
         __syncwarp();
       }
-      /* every add of the block has completed: the conversion may take its head */
-      if (tid == 32)
+      if (lane == 0) {
+        if (pend) {
+          asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+          asm volatile("fence.proxy.async.global;\n" ::: "memory");
+          asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(pend) : "memory");
+        }
+        /* every add of the block has completed: the conversion may take its head */
         asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(done) : "memory");
+      }
     }
     return;
   }

@@ -288,19 +288,17 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
       for_each_live(steps, skip, load);
     } else if (DET && tid < 64) {
       /* The dQ writer, per step of the walk (skipped steps too): the
-       * block's turn at the tile, both warpgroups' reduce-adds, then the
-       * count. Lane 0 waits and issues; the warp takes the named barriers.
-       * Kept short, as it runs once per step: the turns come 32 steps at a
-       * time, one per lane; the tile's count is read before the staging
-       * barriers (it only grows); a step's count is raised once its adds
-       * have completed, after the next step's staging barriers (by then they
-       * have had a step's time), before any wait on another block. */
+       * block's turn at the tile, both warpgroups' reduce-adds, their
+       * completion, the count. Lane 0 waits and issues; the warp takes the
+       * named barriers. Kept short, as it runs once per step and the next
+       * block in a tile's order is often only a step behind: the turns come
+       * 32 steps at a time, one per lane, and the tile's count is read before
+       * the staging barriers (it only grows). */
       const int lane = tid & 31;
       const fa_dq_order ord = fa_dq_order_make(&mk, BC, BR, p.det_wave);
       named_arrive(kDqEmpty, kDqBarThreads); /* both staging tiles start empty */
       named_arrive(kDqEmpty + 1, kDqBarThreads);
-      int *pend = nullptr; /* the last live step's count, raised once its adds complete */
-      int turn = 0;        /* this lane's: step (s & ~31) + lane's */
+      int turn = 0; /* this lane's: that of step (s & ~31) + lane */
       for (int s = 0; s < steps; ++s) {
         int h, r;
         if ((s & 31) == 0 && s + lane < steps) {
@@ -319,22 +317,12 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
           for (int w = 0; w < S::NWG; ++w)
             named_sync(kDqFull + w, kDqBarThreads); /* both warpgroups' dQ blocks are staged */
         if (lane == 0) {
-          if (pend) { /* the sums are in memory before the count says so */
-            asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-            asm volatile("fence.proxy.async.global;\n" ::: "memory");
-            asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(pend) : "memory");
-            pend = nullptr;
-          }
           while (n < want) {
             __nanosleep(32);
             asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(n) : "l"(sem) : "memory");
           }
           asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the adds come after */
-          if (!live) /* nothing to add: counted at once */
-            asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
-        }
-        if (live) {
-          if (lane == 0) {
+          if (live) {
 #pragma unroll
             for (int w = 0; w < S::NWG; ++w) {
               const int qw = S::ROW_SPLIT ? w * 64 : 0, dw = S::ROW_SPLIT ? 0 : w * S::DQC;
@@ -351,23 +339,24 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
             }
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
             asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-            pend = sem;
           }
-          __syncwarp();
+        }
+        __syncwarp();
+        if (live)
 #pragma unroll
           for (int w = 0; w < S::NWG; ++w) named_arrive(kDqEmpty + w, kDqBarThreads);
+        if (lane == 0) {
+          if (live) { /* the sums are in memory before the count says so */
+            asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+            asm volatile("fence.proxy.async.global;\n" ::: "memory");
+          }
+          asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
         }
         __syncwarp();
       }
-      if (lane == 0) {
-        if (pend) {
-          asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-          asm volatile("fence.proxy.async.global;\n" ::: "memory");
-          asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(pend) : "memory");
-        }
-        /* every add of the block has completed: the conversion may take its head */
+      /* every add of the block has completed: the conversion may take its head */
+      if (lane == 0)
         asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(done) : "memory");
-      }
     }
     return;
   }

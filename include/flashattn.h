@@ -54,11 +54,14 @@ typedef enum fa_algorithm {
  * headdim is contiguous. (B,N,H,D) and (B,H,N,D) layouts are both just strides.
  * For variable-length batches (fa_params.cu_seqlens_q set) batch must be 1 and
  * seqlen is the total number of tokens of all sequences.
- * On CUDA the kernels read rows in 16-byte chunks: with a head dim that is not
- * a multiple of 8 (16-bit types) a row's last chunk runs past it, so the
- * memory up to the next 16-byte boundary after a tensor's last element must
- * be readable (cudaMalloc's and PyTorch's allocations are); those bytes are
- * never used. */
+ * On CUDA the flash kernels move rows in 16-byte chunks. A tensor whose rows
+ * do not all start on 16-byte boundaries (a head dim that is not a multiple
+ * of 8 with rows back to back, an odd stride, a pointer into a row) goes
+ * through a padded copy in the workspace; aligned tensors are used in place.
+ * With a head dim that is not a multiple of 8, an aligned tensor's last chunk
+ * runs past its last element: the memory up to the next 16-byte boundary
+ * must be readable (cudaMalloc's and PyTorch's allocations are); those bytes
+ * are never used. */
 typedef struct fa_tensor {
   void *data;
   fa_dtype dtype;
@@ -156,7 +159,8 @@ typedef struct fa_params {
 
 typedef enum fa_pass {
   FA_PASS_FORWARD = 0,
-  FA_PASS_BACKWARD = 1
+  FA_PASS_BACKWARD = 1,
+  FA_PASS_PROBS = 2 /* fa_attention_probs */
 } fa_pass;
 
 /* Forward: O = softmax(scale * Q K^T + masks) V and the float32 log-sum-exp
@@ -173,13 +177,36 @@ fa_status fa_backward(const fa_params *params, const fa_tensor *q, const fa_tens
                       const fa_tensor *v, const fa_tensor *o, const fa_tensor *dout,
                       const float *lse, fa_tensor *dq, fa_tensor *dk, fa_tensor *dv);
 
-/* Bytes of scratch memory fa_forward (pass FORWARD) or fa_backward (pass
- * BACKWARD) needs for these arguments. Shapes, dtypes and params are validated
- * as for the call; data pointers are not read and may be NULL. The forward's
- * size includes the float32 lse scratch (4 * heads_q * total_q bytes) it uses
- * when called with lse == NULL. */
+/* Bytes of scratch memory fa_forward (pass FORWARD), fa_backward (pass
+ * BACKWARD) or fa_attention_probs (pass PROBS; v is not used) needs for these
+ * arguments. Shapes, dtypes and params are validated as for the call; data
+ * pointers are not read and may be NULL. The forward's size includes the
+ * float32 lse scratch (4 * heads_q * total_q bytes) it uses when called with
+ * lse == NULL. On CUDA it includes padded copies of the tensors whose rows do
+ * not start on 16-byte boundaries (see fa_tensor); of the tensors this call
+ * does not see (o, and the backward's dout, dq, dk, dv) it assumes rows back
+ * to back at 16-byte aligned addresses, as a fresh allocation has them: for
+ * outputs laid out otherwise (a head dim that is a multiple of 8 with odd
+ * strides or pointers), pass a larger workspace or none. */
 fa_status fa_workspace_size(fa_pass pass, const fa_params *params, const fa_tensor *q,
                             const fa_tensor *k, const fa_tensor *v, size_t *bytes);
+
+/* Attention probabilities, for tests and debugging (slow: every Nq x Nk
+ * matrix is materialised; meant for small shapes). For each sequence s and
+ * query head h, P = softmax(scale * Q K^T + masks) with every variant params
+ * sets (causal, window, softcap, ALiBi, block mask, varlen, seqused_k, GQA):
+ *   probs[((s * heads_q + h) * rows + i) * cols + j] = P[i][j]   (float32)
+ * with rows and keys counted from the sequence's start; entries past its
+ * query rows or keys are 0. With dropout (params.dropout_p > 0) the pattern
+ * is encoded as flash-attn's return_attn_probs encodes it: a dropped element
+ * holds -P[i][j] (sign bit set, -0.0 where P[i][j] is 0), a kept one P[i][j]
+ * (not rescaled by 1 / (1 - p)); the decisions are fa_dropout_mask's. rows
+ * and cols must cover every sequence's query rows and (used) keys. probs is
+ * in the device's memory. CUDA: standard attention through cuBLAS, f16 and
+ * bf16; with varlen or seqused_k the call synchronises the stream (their
+ * offsets are read on the host). Workspace: fa_workspace_size(FA_PASS_PROBS). */
+fa_status fa_attention_probs(const fa_params *params, const fa_tensor *q, const fa_tensor *k,
+                             int64_t rows, int64_t cols, float *probs);
 
 /* The keep (1) / drop (0) decisions of dropout (params.dropout_p, seed,
  * offset) for the attention matrix of sequence `seq`, query head `head` (of

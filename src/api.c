@@ -384,11 +384,13 @@ static fa_status make_problem(fa_pass pass, const fa_params *p, const fa_tensor 
 static size_t backend_workspace(fa_pass pass, const fa_problem *pb) {
   if (pb->params->device == FA_DEVICE_CUDA) {
 #ifdef FLASHATTN_CUDA
+    if (pass == FA_PASS_PROBS) return 0;
     return pass == FA_PASS_FORWARD ? fa_cuda_forward_workspace(pb) : fa_cuda_backward_workspace(pb);
 #else
     return 0;
 #endif
   }
+  if (pass == FA_PASS_PROBS) return fa_ref_probs_workspace(pb);
   if (pb->params->algorithm == FA_ALGO_STANDARD)
     return pass == FA_PASS_FORWARD ? fa_ref_forward_workspace(pb) : fa_ref_backward_workspace(pb);
   return pass == FA_PASS_FORWARD ? fa_cpu_forward_workspace(pb) : fa_cpu_backward_workspace(pb);
@@ -404,7 +406,7 @@ static size_t lse_bytes(const fa_problem *pb) {
 fa_status fa_workspace_size(fa_pass pass, const fa_params *params, const fa_tensor *q,
                             const fa_tensor *k, const fa_tensor *v, size_t *bytes) {
   fa_problem pb;
-  if (pass != FA_PASS_FORWARD && pass != FA_PASS_BACKWARD)
+  if (pass != FA_PASS_FORWARD && pass != FA_PASS_BACKWARD && pass != FA_PASS_PROBS)
     return FA_INVALID("pass: unknown pass %d", (int)pass);
   if (!bytes) return FA_INVALID("bytes is NULL");
   FA_TRY(make_problem(pass, params, q, k, v, &pb));
@@ -444,14 +446,18 @@ static fa_status run_backend(fa_pass pass, fa_problem *pb, size_t extra) {
   fa_status st;
   if (p->device == FA_DEVICE_CUDA) {
 #ifdef FLASHATTN_CUDA
-    st = pass == FA_PASS_FORWARD ? fa_cuda_forward(pb) : fa_cuda_backward(pb);
+    st = pass == FA_PASS_PROBS     ? fa_cuda_probs(pb)
+         : pass == FA_PASS_FORWARD ? fa_cuda_forward(pb)
+                                   : fa_cuda_backward(pb);
     if (mem) fa_cuda_free(mem, p->stream);
 #else
     st = FA_ERR_INTERNAL;
 #endif
     return st;
   }
-  if (p->algorithm == FA_ALGO_STANDARD)
+  if (pass == FA_PASS_PROBS)
+    st = fa_ref_probs(pb);
+  else if (p->algorithm == FA_ALGO_STANDARD)
     st = pass == FA_PASS_FORWARD ? fa_ref_forward(pb) : fa_ref_backward(pb);
   else
     st = pass == FA_PASS_FORWARD ? fa_cpu_forward(pb) : fa_cpu_backward(pb);
@@ -528,6 +534,42 @@ fa_status fa_backward(const fa_params *params, const fa_tensor *q, const fa_tens
   pb.dv = *dv;
   pb.lse = (float *)lse;
   return run_backend(FA_PASS_BACKWARD, &pb, 0);
+}
+
+fa_status fa_attention_probs(const fa_params *params, const fa_tensor *q, const fa_tensor *k,
+                             int64_t rows, int64_t cols, float *probs) {
+  fa_problem pb;
+  fa_named nm[3];
+  FA_TRY(make_problem(FA_PASS_PROBS, params, q, k, k, &pb));
+  FA_TRY(check_tensor(q, "q", 0, &nm[0].span));
+  FA_TRY(check_tensor(k, "k", 0, &nm[1].span));
+  if (rows < 1 || cols < 1)
+    return FA_INVALID("rows and cols must be >= 1 (got %lld, %lld)", (long long)rows,
+                      (long long)cols);
+  if ((double)pb.batch * (double)pb.heads_q * (double)rows * (double)cols * 4.0 >
+      (double)((int64_t)1 << 62))
+    return FA_INVALID("rows and cols: the probabilities address more than 2^62 bytes");
+  /* every sequence's matrix fits (on CUDA, varlen offsets in device memory
+   * are checked where the backend reads them) */
+  if (!pb.varlen || params->device == FA_DEVICE_CPU) {
+    const int64_t mq = pb.max_seqlen_q, mk = pb.max_seqlen_k;
+    if (mq > rows || mk > cols)
+      return FA_INVALID(
+          "rows %lld and cols %lld must be at least the longest sequence's %lld query rows and "
+          "%lld keys",
+          (long long)rows, (long long)cols, (long long)mq, (long long)mk);
+  }
+  if (!probs) return FA_INVALID("probs is NULL");
+  nm[0].name = "q", nm[0].t = q, nm[0].output = 0;
+  nm[1].name = "k", nm[1].t = k, nm[1].output = 0;
+  nm[2].name = "probs", nm[2].t = NULL, nm[2].output = 1;
+  nm[2].span.lo = (uintptr_t)probs;
+  nm[2].span.hi = nm[2].span.lo + (uintptr_t)(pb.batch * pb.heads_q * rows * cols) * 4;
+  FA_TRY(check_overlaps(nm, 3));
+  pb.probs = probs;
+  pb.probs_rows = rows;
+  pb.probs_cols = cols;
+  return run_backend(FA_PASS_PROBS, &pb, 0);
 }
 
 fa_status fa_dropout_mask(const fa_params *params, int64_t heads_q, int64_t seq, int64_t head,

@@ -16,6 +16,9 @@ size_t fa_ref_forward_workspace(const fa_problem *pb);
 size_t fa_ref_backward_workspace(const fa_problem *pb);
 fa_status fa_ref_forward(const fa_problem *pb);
 fa_status fa_ref_backward(const fa_problem *pb);
+/* fa_attention_probs on the CPU (any storage dtype; float64 arithmetic). */
+size_t fa_ref_probs_workspace(const fa_problem *pb);
+fa_status fa_ref_probs(const fa_problem *pb);
 
 /* Tiled FlashAttention on the CPU (flash1 and flash2 orders). */
 size_t fa_cpu_forward_workspace(const fa_problem *pb);
@@ -30,6 +33,7 @@ size_t fa_cuda_forward_workspace(const fa_problem *pb);
 size_t fa_cuda_backward_workspace(const fa_problem *pb);
 fa_status fa_cuda_forward(const fa_problem *pb);
 fa_status fa_cuda_backward(const fa_problem *pb);
+fa_status fa_cuda_probs(const fa_problem *pb); /* no workspace */
 fa_status fa_cuda_alloc(void **ptr, size_t bytes, void *stream);
 void fa_cuda_free(void *ptr, void *stream);
 

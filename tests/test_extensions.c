@@ -154,9 +154,12 @@ static int ext_visible(const ecfg *c, const ebufs *e, int s, int h, int nq, int 
                (size_t)(j / c->bk)] != 0;
 }
 
-/* O, lse, dQ, dK, dV of the config in float64, the dropout mask from the spec. */
+/* O, lse, dQ, dK, dV of the config in float64, the dropout mask from the
+ * spec; and P of every (sequence, head) into probs (rows x cols each, zeros
+ * around; dropped elements negated, sign bit and all, as fa_attention_probs
+ * encodes them). */
 static void ext_reference(const ecfg *c, const ebufs *e, uint64_t seed, double *o, double *lse,
-                          double *dq, double *dk, double *dv) {
+                          double *dq, double *dk, double *dv, double *probs, int rows, int cols) {
   const int B = c->nseq ? 1 : c->B, H = c->H, Hk = c->Hk, D = c->D, S = c->nseq ? c->nseq : c->B;
   const int Nq = c->nseq ? c->lq[0] + c->lq[1] + c->lq[2] : c->nq;
   const int Nk = c->nseq ? c->lk[0] + c->lk[1] + c->lk[2] : c->nk;
@@ -165,6 +168,7 @@ static void ext_reference(const ecfg *c, const ebufs *e, uint64_t seed, double *
   memset(dk, 0, sizeof(double) * (size_t)(B * Nk * Hk * D));
   memset(dv, 0, sizeof(double) * (size_t)(B * Nk * Hk * D));
   double *P = malloc(sizeof(double) * (size_t)Nk), *Z = malloc(sizeof(double) * (size_t)Nk);
+  memset(probs, 0, sizeof(double) * (size_t)(S * H) * (size_t)rows * (size_t)cols);
   for (int s = 0; s < S; s++) {
     int b, q0, nq, k0, nk;
     eseq(c, s, &b, &q0, &nq, &k0, &nk);
@@ -197,6 +201,7 @@ static void ext_reference(const ecfg *c, const ebufs *e, uint64_t seed, double *
                                  ? 1.0 / (1.0 - (double)c->p)
                                  : 0)
                           : 1;
+          probs[(((size_t)s * H + h) * rows + i) * cols + j] = Z[j] == 0 ? -P[j] : P[j];
           const double *vj = e->v + (((size_t)b * Nk + k0 + j) * Hk + hk) * D;
           double *dvj = dv + (((size_t)b * Nk + k0 + j) * Hk + hk) * D;
           double dp = 0;
@@ -239,6 +244,43 @@ static void *to_dtype(const double *x, size_t n, fa_dtype dt) {
 
 static void from_dtype(double *x, const void *m, size_t n, fa_dtype dt) {
   for (size_t e = 0; e < n; e++) x[e] = tu_load(m, dt, e);
+}
+
+/* fa_attention_probs (CPU) against the reference's P: values to float32
+ * rounding, every sign bit (the dropout pattern) exact, zeros around. */
+static void ext_check_probs(const ecfg *c, const fa_params *pp, const ebufs *e, int B, int Nq,
+                            int Nk, const double *ref, int rows, int cols) {
+  const int H = c->H, Hk = c->Hk, D = c->D, S = c->nseq ? c->nseq : c->B;
+  fa_params p = *pp;
+  p.algorithm = FA_ALGO_STANDARD; /* any: the probabilities have one implementation */
+  void *q = to_dtype(e->q, (size_t)(B * Nq * H * D), c->dt);
+  void *k = to_dtype(e->k, (size_t)(B * Nk * Hk * D), c->dt);
+  for (int s = 0; c->kv && s < S; s++) { /* NaN past the used keys: never read */
+    int b, q0, nq, k0, nk;
+    eseq(c, s, &b, &q0, &nq, &k0, &nk);
+    for (size_t x = (((size_t)b * Nk + k0 + nk) * Hk) * D;
+         x < (((size_t)b * Nk + k0 + ecap(c, s)) * Hk) * D; x++)
+      tu_store(k, c->dt, x, NAN);
+  }
+  fa_tensor tq = fa_tensor_bnhd(q, c->dt, B, Nq, H, D), tk = fa_tensor_bnhd(k, c->dt, B, Nk, Hk, D);
+  const size_t n = (size_t)(S * H) * (size_t)rows * (size_t)cols;
+  float *got = malloc(sizeof(float) * n);
+  memset(got, 0xFF, sizeof(float) * n);
+  size_t ws = 0;
+  if (fa_workspace_size(FA_PASS_PROBS, &p, &tq, &tk, &tk, &ws) != FA_OK || ws == 0)
+    tr_fail("fa_workspace_size(FA_PASS_PROBS): %zu bytes, %s", ws, fa_last_error());
+  if (fa_attention_probs(&p, &tq, &tk, rows, cols, got) != FA_OK) {
+    tr_fail("fa_attention_probs: %s", fa_last_error());
+  } else {
+    long bad = 0, neg = 0;
+    for (size_t x = 0; x < n; x++) {
+      bad += !(fabs((double)got[x] - ref[x]) <= 1e-6) || !signbit(got[x]) != !signbit(ref[x]);
+      neg += signbit(got[x]) != 0;
+    }
+    if (bad) tr_fail("fa_attention_probs: %ld of %zu elements differ from the reference", bad, n);
+    if (c->p > 0 && neg == 0) tr_fail("fa_attention_probs: dropout but no element dropped");
+  }
+  free(got), free(q), free(k);
 }
 
 static void t_ext_case(const void *arg) {
@@ -288,7 +330,11 @@ static void t_ext_case(const void *arg) {
   }
   double *ro = malloc(sizeof(double) * (3 * nq_el + 3 * nk_el + nlse)), *rlse = ro + nq_el;
   double *rdq = rlse + nlse, *rdk = rdq + nq_el, *rdv = rdk + nk_el, *got = rdv + nk_el;
-  ext_reference(c, &e, seed, ro, rlse, rdq, rdk, rdv);
+  /* the probabilities: room around every sequence's matrix, which must be 0 */
+  const int prow = maxq + 3, pcol = maxk + 5;
+  const size_t npr = (size_t)(S * H) * (size_t)prow * (size_t)pcol;
+  double *rprobs = malloc(sizeof(double) * npr);
+  ext_reference(c, &e, seed, ro, rlse, rdq, rdk, rdv, rprobs, prow, pcol);
   const double tol = c->dt == FA_DTYPE_F64 ? 1e-12 : c->dt == FA_DTYPE_F32 ? 1e-5 : 2e-2;
 
   for (int a = 0; a < EXT_NALGOS; a++) {
@@ -377,6 +423,8 @@ static void t_ext_case(const void *arg) {
     }
     free(q), free(k), free(v), free(dout), free(o), free(dq), free(dk), free(dv), free(lse);
   }
+  ext_check_probs(c, &p, &e, B, Nq, Nk, rprobs, prow, pcol);
+  free(rprobs);
   free(all);
   free(ro);
   free(e.bm);
@@ -523,6 +571,50 @@ static void t_ext_validation(const void *arg) {
   free(x);
 }
 
+/* fa_attention_probs refuses what does not fit, naming it, and writes nothing. */
+static void t_probs_validation(const void *arg) {
+  (void)arg;
+  const int N = 8, H = 2, D = 8;
+  float *x = malloc(sizeof(float) * (2 * N * H * D + 2 * H * N * N));
+  for (int e = 0; e < 2 * N * H * D; e++) x[e] = (float)(e % 13) / 13.0f;
+  fa_tensor tq = fa_tensor_bnhd(x, FA_DTYPE_F32, 1, N, H, D);
+  fa_tensor tk = fa_tensor_bnhd(x + N * H * D, FA_DTYPE_F32, 1, N, H, D);
+  float *out = x + 2 * N * H * D;
+  fa_params p = {0};
+  struct {
+    const char *what, *field;
+    int64_t rows, cols;
+    float *probs;
+  } cases[5] = {{"rows below seqlen_q", "rows", N - 1, N, out},
+                {"cols below seqlen_k", "cols", N, N - 1, out},
+                {"cols 0", "cols", N, 0, out},
+                {"probs NULL", "probs", N, N, NULL},
+                {"probs over k", "overlaps", N, N, x + N * H * D - 4}};
+  for (int t = 0; t < 5; t++) {
+    memset(out, 0x7F, sizeof(float) * H * N * N);
+    const fa_status st =
+        fa_attention_probs(&p, &tq, &tk, cases[t].rows, cases[t].cols, cases[t].probs);
+    if (st != FA_ERR_INVALID_ARGUMENT)
+      tr_fail("%s: status %s", cases[t].what, fa_status_string(st));
+    else if (!strstr(fa_last_error(), cases[t].field))
+      tr_fail("%s: message does not name %s: %s", cases[t].what, cases[t].field, fa_last_error());
+    const unsigned char *ob = (const unsigned char *)out;
+    for (size_t e = 0; e < sizeof(float) * H * N * N; e++)
+      if (ob[e] != 0x7F) {
+        tr_fail("%s: the output was written", cases[t].what);
+        break;
+      }
+  }
+  /* a fitting call: rows of probabilities that sum to 1 */
+  if (fa_attention_probs(&p, &tq, &tk, N, N, out) != FA_OK) return tr_fail("%s", fa_last_error());
+  for (int r = 0; r < H * N; r++) {
+    double sum = 0;
+    for (int j = 0; j < N; j++) sum += out[r * N + j];
+    if (fabs(sum - 1) > 1e-5) return tr_fail("row %d sums to %.9g", r, sum);
+  }
+  free(x);
+}
+
 static void ext_add(const char *name, const ecfg *c) { tr_add(name, t_ext_case, c, sizeof *c, 0); }
 
 void register_extension_tests(void) {
@@ -532,6 +624,7 @@ void register_extension_tests(void) {
   tr_add("extensions/block-mask-is-causal", t_block_is_causal, NULL, 0, 0);
   tr_add("extensions/block-mask-indices", t_indices, NULL, 0, 0);
   tr_add("extensions/validation", t_ext_validation, NULL, 0, 0);
+  tr_add("extensions/probs-validation", t_probs_validation, NULL, 0, 0);
   const fa_dtype dts[3] = {FA_DTYPE_F64, FA_DTYPE_F32, FA_DTYPE_BF16};
   char name[128];
   for (int t = 0; t < 3; t++) {

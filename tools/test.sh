@@ -110,6 +110,7 @@ if step "release build (CUDA backend: $cuda)" \
   bash -c "cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=$cuda >/dev/null &&
            cmake --build build -j$jobs"; then
   stage "test suite (release)" ./build/bin/test_flashattn
+  stage "deterministic dQ order" ./build/bin/test_dq_order
   stage "test suite (AVX2 kernels)" env FLASHATTN_CPU_ISA=avx2 ./build/bin/test_flashattn --quick
   stage "test suite (portable kernels)" env FLASHATTN_CPU_ISA=portable ./build/bin/test_flashattn --quick
   [ "$cuda" = ON ] && stage "CUDA tests (vs the CPU oracle)" ./build/bin/test_cuda
@@ -127,6 +128,8 @@ if [ "$quick" = 0 ]; then
              cmake --build build-asan -j$jobs"; then
     stage "test suite (sanitizers)" env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
       UBSAN_OPTIONS=print_stacktrace=1 ./build-asan/bin/test_flashattn
+    stage "deterministic dQ order (sanitizers)" env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+      UBSAN_OPTIONS=print_stacktrace=1 ./build-asan/bin/test_dq_order
   else
     skip "test suite (sanitizers)" "the sanitizer build failed"
   fi

@@ -14,6 +14,8 @@ typedef struct fa_problem {
   fa_tensor q, k, v, o;      /* o: forward output, or the forward's O in backward */
   fa_tensor dout, dq, dk, dv; /* backward only */
   float *lse;                 /* forward: written; backward: read (const) */
+  float *probs;               /* fa_attention_probs: (seqs, heads_q, probs_rows, probs_cols) */
+  int64_t probs_rows, probs_cols;
 
   fa_dtype dtype;             /* storage dtype of every tensor */
   int64_t batch;              /* number of sequences (num_seqs for varlen) */

@@ -44,6 +44,14 @@ struct BwdArgs : AttnArgs {
    * that its dQ conversion can start on finished heads while its last blocks
    * run (sm90::bwd_convert_kernel). NULL when deterministic. */
   int *kv_done;
+  /* Deterministic mode (params.deterministic): on the Hopper kernels the dQ
+   * reductions then go in a fixed order (common/dq_order.h): dq_sem counts,
+   * per query tile (at the lse index of its first row), the key blocks that
+   * have added theirs; kv_ticket numbers the key blocks as they start;
+   * det_wave is a full mask's wave of blocks (at most the blocks resident at
+   * once). The sm_80 kernels instead run flash_bwd_dq_kernel (dq_acc NULL). */
+  int deterministic, det_wave;
+  int *dq_sem, *kv_ticket;
   int64_t o_sb, o_ss, o_sh, do_sb, do_ss, do_sh, dq_sb, dq_ss, dq_sh, dk_sb, dk_ss, dk_sh;
   int64_t dv_sb, dv_ss, dv_sh;
   float scale;
@@ -230,6 +238,7 @@ __global__ void __launch_bounds__(256) bwd_prep_kernel(const BwdArgs p) {
   const int b = blk.z, h = blk.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (p.kv_done && blk.x == 0 && h % p.group == 0 && threadIdx.x == 0)
     *kv_done_of(p, b, h / p.group) = 0;
+  if (p.kv_ticket && blk.x == 0 && h == 0 && b == 0 && threadIdx.x == 0) *p.kv_ticket = 0;
   const SeqView sv = seq_view(p, b);
 #pragma unroll 1
   for (int i = 0; i < kBwdRowsPerBlock / 8; ++i) {
@@ -259,6 +268,7 @@ __global__ void __launch_bounds__(256) bwd_prep_kernel(const BwdArgs p) {
       const float l = p.lse[idx];
       p.dsum[idx] = acc;
       p.lse2[idx] = l == -INFINITY ? INFINITY : l * LOG2E;
+      if (p.dq_sem) p.dq_sem[idx] = 0;
     }
     if (p.dq_acc) {
       float *acc_row = p.dq_acc + idx * DP;

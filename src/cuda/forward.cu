@@ -5,17 +5,18 @@
  * nothing. Notes:
  *  - FA_ALGO_FLASH1 maps to the FlashAttention-2 kernel on the GPU (same
  *    result; the keys-outer order exists to measure IO on the CPU).
- *  - The flash kernels need every data pointer 16-byte aligned and the batch,
- *    seqlen and head strides of q, k, v, o multiples of 8 elements (16-byte
- *    rows for cp.async and vector stores); otherwise fa_cuda_check reports
- *    FA_ERR_UNSUPPORTED and FA_ALGO_STANDARD still works.
+ *  - The flash kernels move 16-byte rows (cp.async, the tensor copy engine,
+ *    vector stores): a tensor whose rows do not start on 16-byte boundaries
+ *    (a head dim that is not a multiple of 8 with rows back to back, an odd
+ *    stride or pointer) goes through a padded copy in the workspace
+ *    (repack.cuh); aligned tensors are used in place.
  *  - FA_ALGO_STANDARD with varlen copies cu_seqlens to the host (one
  *    stream synchronisation): it is the baseline, not the fast path.
  *  - Flash limits: heads_q and batch (num_seqs) at most 65535 each (grid y/z);
  *    any head dim up to 256 runs the kernel of the next size in {32, 64, 96,
  *    128, 192, 256} with the extra columns zero-filled in shared memory.
  *  - Flash workspace: 256 bytes (the Hopper kernel's block counter), plus a
- *    split decode's partials (fwd_split_bytes).
+ *    split decode's partials (fwd_split_bytes), plus the padded copies.
  *  - Standard workspace: batch * heads_q * max_seqlen_q * max_seqlen_k floats,
  *    every sequence's S (the papers' baseline: each step over the whole batch);
  *    varlen (the maxima are the total lengths on the device): one sequence's S
@@ -34,6 +35,7 @@
 #include "common/philox.h"
 #include "forward_kernel.cuh"
 #include "layout.cuh"
+#include "repack.cuh"
 #include "sm90/sm90.h"
 
 namespace {
@@ -57,7 +59,6 @@ fa_status cuda_error(cudaError_t e) {
 
 using fa::is_flash;
 using fa::padded_headdim;
-using fa::rows_aligned;
 
 /* ---- FlashAttention-2 ------------------------------------------------------ */
 
@@ -179,7 +180,9 @@ fa_status flash_forward(const fa_problem *pb) {
 /* ---- standard attention (Algorithm 0) through cuBLAS ----------------------- */
 
 struct SoftmaxArgs {
-  float *s;   /* nq x nk per head, heads after each other; P (T) written in place */
+  float *s; /* head h's row i at s + h hs + i ld (nk floats); P written in place: as T
+             * over the row's first half (the forward), or as float (probabilities) */
+  int64_t hs, ld;
   float *lse; /* lse of (head 0, row 0) of this sequence */
   int64_t lse_hs;
   void *o; /* row 0 of this sequence, head 0 (zeroed when nk == 0) */
@@ -196,13 +199,13 @@ struct SoftmaxArgs {
 
 /* One block per (row, head): applies softcap, ALiBi and the masks to the
  * scaled scores of the row, writes P = softmax (rounded to T) over the first
- * half of the row's own bytes (row stride 2 nk in T) and the row's lse. */
-template <typename T>
+ * half of the row's own bytes (row stride 2 nk in T) and the row's lse; or
+ * (PROBS: fa_attention_probs) P as float32, dropped elements negated, no lse. */
+template <typename T, bool PROBS>
 __global__ void __launch_bounds__(256) std_softmax_kernel(const SoftmaxArgs a) {
   __shared__ float red[32];
   const int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
-  float *row = a.s + ((int64_t)h * a.nq + i) * a.nk;
-  T *prow = reinterpret_cast<T *>(row);
+  float *row = a.s + (int64_t)h * a.hs + (int64_t)i * a.ld;
   int64_t lo64, hi64;
   fa_mask_row_range(&a.mk, i, &lo64, &hi64);
   const int lo = (int)lo64, hi = (int)hi64;
@@ -239,19 +242,27 @@ __global__ void __launch_bounds__(256) std_softmax_kernel(const SoftmaxArgs a) {
   for (int j = tid; j < a.nk; j += blockDim.x) sum += expf(score(j) - base);
   sum = block_reduce(sum, false);
   const float inv = sum > 0 ? 1.f / sum : 0.f;
-  if (tid == 0) a.lse[h * a.lse_hs + i] = sum > 0 ? base + logf(sum) : -INFINITY;
-  /* In place: P[j] (2 bytes at 2j) overlaps S[j/2], read in this or an earlier chunk. */
-  for (int c = 0; c < a.nk; c += blockDim.x) {
-    const int j = c + tid;
-    float pj = j < a.nk ? expf(score(j) - base) * inv : 0.f;
-    if (a.drop.keep_scale > 0.f && j < a.nk) /* P -> Z o P (docs/DROPOUT.md) */
-      pj *= fa_dropout_keep(&a.drop, a.bh0 + h, i, j) ? a.drop.keep_scale : 0.f;
-    __syncthreads();
-    if (j < a.nk) prow[j] = T(pj);
-  }
-  if (a.nk == 0) {
-    T *orow = reinterpret_cast<T *>(a.o) + (int64_t)i * a.o_ss + h * a.o_sh;
-    for (int d = tid; d < a.d; d += blockDim.x) orow[d] = T(0.f);
+  if constexpr (PROBS) { /* each thread its own elements: in place as they are */
+    for (int j = tid; j < a.nk; j += blockDim.x) {
+      const float pj = expf(score(j) - base) * inv;
+      row[j] = a.drop.keep_scale > 0.f && !fa_dropout_keep(&a.drop, a.bh0 + h, i, j) ? -pj : pj;
+    }
+  } else {
+    T *prow = reinterpret_cast<T *>(row);
+    if (tid == 0) a.lse[h * a.lse_hs + i] = sum > 0 ? base + logf(sum) : -INFINITY;
+    /* In place: P[j] (2 bytes at 2j) overlaps S[j/2], read in this or an earlier chunk. */
+    for (int c = 0; c < a.nk; c += blockDim.x) {
+      const int j = c + tid;
+      float pj = j < a.nk ? expf(score(j) - base) * inv : 0.f;
+      if (a.drop.keep_scale > 0.f && j < a.nk) /* P -> Z o P (docs/DROPOUT.md) */
+        pj *= fa_dropout_keep(&a.drop, a.bh0 + h, i, j) ? a.drop.keep_scale : 0.f;
+      __syncthreads();
+      if (j < a.nk) prow[j] = T(pj);
+    }
+    if (a.nk == 0) {
+      T *orow = reinterpret_cast<T *>(a.o) + (int64_t)i * a.o_ss + h * a.o_sh;
+      for (int d = tid; d < a.d; d += blockDim.x) orow[d] = T(0.f);
+    }
   }
 }
 
@@ -280,7 +291,12 @@ size_t std_workspace(const fa_problem *pb) {
          (size_t)pb->max_seqlen_k * sizeof(float);
 }
 
-fa_status std_forward(const fa_problem *pb) {
+/* Standard attention: S through cuBLAS, then the softmax kernel, then (the
+ * forward) O = P V, each step over the whole batch (varlen: per sequence).
+ * probs (fa_attention_probs):
+ * S is computed into the caller's probabilities, where the softmax leaves P,
+ * and there is no O. */
+fa_status std_run(const fa_problem *pb, bool probs) {
   const fa_params *pr = pb->params;
   cudaStream_t stream = (cudaStream_t)pr->stream;
   fa_status st;
@@ -312,6 +328,19 @@ fa_status std_forward(const fa_problem *pb) {
                                 stream));
   }
   if (pb->varlen || pr->seqused_k) FA_CUDA_TRY(cudaStreamSynchronize(stream));
+  const int64_t prows = pb->probs_rows, pcols = pb->probs_cols;
+  if (probs) {
+    /* the host's first sight of device-resident offsets: every sequence must fit */
+    for (int64_t s = 0; pb->varlen && s < pb->batch; s++)
+      if (cq[s + 1] - cq[s] > prows || ck[s + 1] - ck[s] > pcols)
+        return fa_set_error(FA_ERR_INVALID_ARGUMENT,
+                            "rows %lld and cols %lld must be at least sequence %lld's %d query "
+                            "rows and %d keys",
+                            (long long)prows, (long long)pcols, (long long)s, cq[s + 1] - cq[s],
+                            ck[s + 1] - ck[s]);
+    FA_CUDA_TRY(cudaMemsetAsync(
+        pb->probs, 0, (size_t)(pb->batch * H) * (size_t)prows * (size_t)pcols * 4, stream));
+  }
   auto seq_step = [&](int64_t s, int step) -> fa_status {
     int64_t qb = s, kb = s, q0 = 0, k0 = 0, nq = pb->q.seqlen, nk = pb->k.seqlen;
     int64_t lse0 = s * H * nq, lse_hs = nq;
@@ -327,8 +356,11 @@ fa_status std_forward(const fa_problem *pb) {
     const char *Q = (const char *)pb->q.data + fa_tensor_offset(&pb->q, qb, q0, 0) * es;
     const char *K = (const char *)pb->k.data + fa_tensor_offset(&pb->k, kb, k0, 0) * es;
     const char *V = (const char *)pb->v.data + fa_tensor_offset(&pb->v, kb, k0, 0) * es;
-    char *O = (char *)pb->o.data + fa_tensor_offset(&pb->o, qb, q0, 0) * es;
-    const long long snn = (long long)nq * nk; /* floats per head of S */
+    char *O = probs ? NULL : (char *)pb->o.data + fa_tensor_offset(&pb->o, qb, q0, 0) * es;
+    /* S: floats per head and per row */
+    const long long snn = probs ? (long long)prows * pcols : (long long)nq * nk;
+    const int64_t ld = probs ? pcols : nk;
+    if (probs) S = pb->probs + s * H * snn;
     const float zero = 0.f, one = 1.f, scale = pb->scale;
     /* Heads sharing a K/V head form one strided batch (K/V stride 0 inside it);
      * with no grouping all heads form one batch. */
@@ -342,13 +374,15 @@ fa_status std_forward(const fa_problem *pb) {
             hdl, CUBLAS_OP_T, CUBLAS_OP_N, (int)nk, (int)nq, D, &scale,
             K + (int64_t)(h0 / G) * pb->k.stride_head * es, dt, ld_of(&pb->k, nk), kstr,
             Q + (int64_t)h0 * pb->q.stride_head * es, dt, ld_of(&pb->q, nq), pb->q.stride_head,
-            &zero, S + h0 * snn, CUDA_R_32F, (int)nk, snn, per, CUBLAS_COMPUTE_32F,
+            &zero, S + h0 * snn, CUDA_R_32F, (int)ld, snn, per, CUBLAS_COMPUTE_32F,
             CUBLAS_GEMM_DEFAULT));
       }
     if (step == 1) {
       SoftmaxArgs sa;
       sa.s = S;
-      sa.lse = pb->lse + lse0;
+      sa.hs = snn;
+      sa.ld = ld;
+      sa.lse = probs ? NULL : pb->lse + lse0;
       sa.lse_hs = lse_hs;
       sa.o = O;
       sa.o_ss = pb->o.stride_seq;
@@ -369,13 +403,15 @@ fa_status std_forward(const fa_problem *pb) {
       if (!(pr->dropout_p > 0)) sa.drop.keep_scale = 0.f;
       sa.bh0 = (uint32_t)(s * H);
       const dim3 grid((unsigned)nq, (unsigned)H);
-      if (pb->dtype == FA_DTYPE_F16)
-        std_softmax_kernel<__half><<<grid, 256, 0, stream>>>(sa);
+      if (probs)
+        std_softmax_kernel<float, true><<<grid, 256, 0, stream>>>(sa);
+      else if (pb->dtype == FA_DTYPE_F16)
+        std_softmax_kernel<__half, false><<<grid, 256, 0, stream>>>(sa);
       else
-        std_softmax_kernel<__nv_bfloat16><<<grid, 256, 0, stream>>>(sa);
+        std_softmax_kernel<__nv_bfloat16, false><<<grid, 256, 0, stream>>>(sa);
       FA_CUDA_TRY(cudaGetLastError());
     }
-    if (step == 2 && nk > 0)
+    if (step == 2 && nk > 0 && !probs)
       for (int c = 0; c < calls; c++) {
         const int h0 = c * per;
         const long long vstr = G == 1 ? pb->v.stride_head : 0;
@@ -396,6 +432,8 @@ fa_status std_forward(const fa_problem *pb) {
   return FA_OK;
 }
 
+fa_status std_forward(const fa_problem *pb) { return std_run(pb, false); }
+
 }  // namespace
 
 /* ---- backend interface ------------------------------------------------------ */
@@ -410,7 +448,7 @@ int fa_cuda_available(void) {
 }
 
 fa_status fa_cuda_check(const fa_problem *pb, fa_pass pass) {
-  if (pass != FA_PASS_FORWARD && !is_flash(pb))
+  if (pass == FA_PASS_BACKWARD && !is_flash(pb))
     return fa_set_error(FA_ERR_UNSUPPORTED,
                         "cuda: the backward pass of FA_ALGO_STANDARD is not implemented on CUDA "
                         "(FA_ALGO_FLASH2 is)");
@@ -419,20 +457,12 @@ fa_status fa_cuda_check(const fa_problem *pb, fa_pass pass) {
                         "cuda: only f16 and bf16 storage are supported on CUDA");
   if (pb->q.seqlen > INT_MAX || pb->k.seqlen > INT_MAX || pb->batch * pb->heads_q > INT_MAX)
     return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: seqlen and batch*heads must fit in 32 bits");
-  if (is_flash(pb)) {
-    const fa_tensor *ts[3] = {&pb->q, &pb->k, &pb->v};
-    const char *nm[3] = {"q", "k", "v"};
-    for (int i = 0; i < 3; i++)
-      if (!rows_aligned(ts[i]))
-        return fa_set_error(FA_ERR_UNSUPPORTED,
-                            "cuda: flash kernels need %s 16-byte aligned with strides that are "
-                            "multiples of 8 elements (FA_ALGO_STANDARD has no such limit)",
-                            nm[i]);
+  if (is_flash(pb) && pass != FA_PASS_PROBS) {
     if (pb->heads_q > fa::kFwdMaxGridYZ || pb->batch > fa::kFwdMaxGridYZ)
       return fa_set_error(FA_ERR_UNSUPPORTED,
                           "cuda: flash kernels support at most %d heads and %d sequences",
                           fa::kFwdMaxGridYZ, fa::kFwdMaxGridYZ);
-  } else {
+  } else { /* standard attention (fa_attention_probs too) */
     const fa_tensor *ts[3] = {&pb->q, &pb->k, &pb->v};
     for (int i = 0; i < 3; i++)
       if ((ts[i]->seqlen > 1 &&
@@ -445,24 +475,28 @@ fa_status fa_cuda_check(const fa_problem *pb, fa_pass pass) {
   return FA_OK;
 }
 
+/* The flash forward's own workspace (the padded copies follow it). */
+static size_t flash_fwd_bytes(const fa_problem *pb) {
+  return fa::round256(kFwdCounterBytes + fwd_split_bytes(pb, fwd_splits(pb)));
+}
+
 size_t fa_cuda_forward_workspace(const fa_problem *pb) {
-  /* flash: the Hopper kernel's block counter (sm90/schedule.cuh), then a
-   * split forward's partials */
-  return is_flash(pb) ? kFwdCounterBytes + fwd_split_bytes(pb, fwd_splits(pb)) : std_workspace(pb);
+  /* flash: the Hopper kernel's block counter (sm90/schedule.cuh), a split
+   * forward's partials, the padded copies */
+  return is_flash(pb) ? fa::repack_workspace(pb, FA_PASS_FORWARD, flash_fwd_bytes(pb))
+                      : std_workspace(pb);
 }
 
 fa_status fa_cuda_forward(const fa_problem *pb) {
-  /* o is checked here rather than in fa_cuda_check, which runs before o is known */
-  if (is_flash(pb) && !rows_aligned(&pb->o))
-    return fa_set_error(FA_ERR_UNSUPPORTED,
-                        "cuda: flash kernels need o 16-byte aligned with strides that are "
-                        "multiples of 8 elements (FA_ALGO_STANDARD has no such limit)");
   if (!is_flash(pb) && pb->o.seqlen > 1 &&
       (pb->o.stride_seq < pb->o.headdim || pb->o.stride_seq > INT_MAX))
     return fa_set_error(FA_ERR_UNSUPPORTED,
                         "cuda: standard attention needs seqlen strides in [headdim, 2^31)");
-  return is_flash(pb) ? flash_forward(pb) : std_forward(pb);
+  return is_flash(pb) ? fa::repack_around(pb, FA_PASS_FORWARD, flash_fwd_bytes(pb), flash_forward)
+                      : std_forward(pb);
 }
+
+fa_status fa_cuda_probs(const fa_problem *pb) { return std_run(pb, true); }
 
 fa_status fa_cuda_alloc(void **ptr, size_t bytes, void *stream) {
   *ptr = NULL;

@@ -89,3 +89,5 @@ fa_status fa_ref_forward(const fa_problem *pb) {
 fa_status fa_ref_backward(const fa_problem *pb) {
   return pb->dtype == FA_DTYPE_F64 ? ref_backward_f64(pb) : fa_ref_fast_backward(pb);
 }
+size_t fa_ref_probs_workspace(const fa_problem *pb) { return ref_probs_workspace_f64(pb); }
+fa_status fa_ref_probs(const fa_problem *pb) { return ref_probs_f64(pb); }

@@ -65,11 +65,14 @@ static REAL SFX(ref_dropout)(const fa_dropout *dr, float p, uint64_t bh, int64_t
 }
 
 /* P = softmax(masked, capped, biased scale * Q K^T) for query head h of
- * sequence s, one row of nk per query row. tanh_out (optional) receives tanh(scale*qk/softcap) for
- * the backward chain rule; lse_out (optional) each row's log-sum-exp. */
+ * sequence s, one row of nk per query row, rounded to dtype keep (what
+ * Algorithm 0 stores; FA_DTYPE_F64: not rounded). tanh_out (optional)
+ * receives tanh(scale*qk/softcap) for the backward chain rule; lse_out
+ * (optional) each row's log-sum-exp. */
 static void SFX(ref_probabilities)(const fa_problem *pb, int64_t s, const fa_seq *sq,
                                    const fa_mask *mk, int64_t h, REAL slope, const REAL *kb,
-                                   REAL *p, REAL *tanh_out, REAL *qrow, float *lse_out) {
+                                   REAL *p, REAL *tanh_out, REAL *qrow, float *lse_out,
+                                   fa_dtype keep) {
   const float cap = pb->params->softcap;
   const int64_t D = pb->headdim, nk = sq->nk;
   for (int64_t i = 0; i < sq->nq; i++) {
@@ -102,8 +105,30 @@ static void SFX(ref_probabilities)(const fa_problem *pb, int64_t s, const fa_seq
     if (lse_out) lse_out[i] = l > 0 ? (float)(mx + LOG(l)) : -INFINITY;
 #undef REF_VISIBLE
     REAL inv = l > 0 ? 1 / l : 0;
-    for (int64_t j = 0; j < nk; j++) row[j] = SFX(ref_round)(row[j] * inv, pb->dtype);
+    for (int64_t j = 0; j < nk; j++) row[j] = SFX(ref_round)(row[j] * inv, keep);
   }
+}
+
+/* Unit u = (sequence u / heads_q, query head u % heads_q) of a pass over
+ * query heads, in the thread's workspace slice (the Nq x Nk matrix, then
+ * kd_rows Nk x D blocks): K's rows loaded into the first block, P computed
+ * into the matrix (rounded to keep; with_lse: each row's lse written).
+ * Returns the slice; *sq is the unit's sequence. */
+static REAL *SFX(ref_head_probs)(const fa_problem *pb, int64_t u, size_t slice, int kd_rows,
+                                 fa_dtype keep, int with_lse, fa_seq *sq) {
+  const int64_t s = u / pb->heads_q, h = u % pb->heads_q, D = pb->headdim;
+  const fa_params *pr = pb->params;
+  *sq = fa_problem_seq(pb, s);
+  const fa_mask mk = fa_mask_make(sq->nq, sq->nk, pr->causal, pr->window_enabled, pr->window_left,
+                                  pr->window_right);
+  REAL *p = (REAL *)((char *)pb->workspace + (size_t)omp_get_thread_num() * slice);
+  REAL *kb = p + (size_t)pb->max_seqlen_q * (size_t)pb->max_seqlen_k;
+  REAL *qrow = kb + kd_rows * pb->max_seqlen_k * D;
+  float *lse = with_lse ? pb->lse + sq->lse0 + h * sq->lse_head_stride : NULL;
+  SFX(ref_load_rows)(kb, &pb->k, sq->kb, sq->k0, sq->nk, h / pb->group);
+  const REAL slope = SFX(ref_slope)(pb, s, h);
+  SFX(ref_probabilities)(pb, s, sq, &mk, h, slope, kb, p, NULL, qrow, lse, keep);
+  return p;
 }
 
 static fa_status SFX(ref_forward)(const fa_problem *pb) {
@@ -113,17 +138,12 @@ static fa_status SFX(ref_forward)(const fa_problem *pb) {
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
   for (int64_t u = 0; u < units; u++) {
     const int64_t s = u / pb->heads_q, h = u % pb->heads_q, hk = h / pb->group;
-    const fa_seq sq = fa_problem_seq(pb, s);
     const fa_params *pr = pb->params;
-    const fa_mask mk = fa_mask_make(sq.nq, sq.nk, pr->causal, pr->window_enabled, pr->window_left,
-                                    pr->window_right);
-    REAL *p = (REAL *)((char *)pb->workspace + (size_t)omp_get_thread_num() * slice);
-    REAL *kb = p + (size_t)pb->max_seqlen_q * (size_t)pb->max_seqlen_k;
-    REAL *vb = kb + pb->max_seqlen_k * D, *qrow = vb + pb->max_seqlen_k * D, *orow = qrow + D;
-    float *lse = pb->lse + sq.lse0 + h * sq.lse_head_stride;
-    SFX(ref_load_rows)(kb, &pb->k, sq.kb, sq.k0, sq.nk, hk);
+    fa_seq sq;
+    REAL *p = SFX(ref_head_probs)(pb, u, slice, 2, pb->dtype, 1, &sq);
+    REAL *vb = p + (size_t)pb->max_seqlen_q * (size_t)pb->max_seqlen_k + pb->max_seqlen_k * D;
+    REAL *orow = vb + pb->max_seqlen_k * D + D; /* after the unit's q row */
     SFX(ref_load_rows)(vb, &pb->v, sq.kb, sq.k0, sq.nk, hk);
-    SFX(ref_probabilities)(pb, s, &sq, &mk, h, SFX(ref_slope)(pb, s, h), kb, p, NULL, qrow, lse);
     const fa_dropout dr = fa_dropout_make(pr->dropout_p, pr->dropout_seed, pr->dropout_offset);
     const uint64_t bh = (uint64_t)(s * pb->heads_q + h);
     for (int64_t i = 0; i < sq.nq; i++) {
@@ -163,7 +183,8 @@ static fa_status SFX(ref_backward)(const fa_problem *pb) {
     memset(dkb, 0, (size_t)(nk * D) * sizeof(REAL));
     memset(dvb, 0, (size_t)(nk * D) * sizeof(REAL));
     for (int64_t h = hk * pb->group; h < (hk + 1) * pb->group; h++) {
-      SFX(ref_probabilities)(pb, s, &sq, &mk, h, SFX(ref_slope)(pb, s, h), kb, p, ds, qrow, NULL);
+      const REAL slope = SFX(ref_slope)(pb, s, h);
+      SFX(ref_probabilities)(pb, s, &sq, &mk, h, slope, kb, p, ds, qrow, NULL, pb->dtype);
       const fa_dropout dr = fa_dropout_make(pr->dropout_p, pr->dropout_seed, pr->dropout_offset);
       const uint64_t bh = (uint64_t)(s * pb->heads_q + h);
       for (int64_t i = 0; i < sq.nq; i++) {
@@ -196,6 +217,37 @@ static fa_status SFX(ref_backward)(const fa_problem *pb) {
       STORE_ROW((char *)SFX(ref_row)(&pb->dk, sq.kb, sq.k0 + j, hk), dkb + j * D, pb->dtype, D);
       STORE_ROW((char *)SFX(ref_row)(&pb->dv, sq.kb, sq.k0 + j, hk), dvb + j * D, pb->dtype, D);
     }
+  }
+  return FA_OK;
+}
+
+static size_t SFX(ref_probs_workspace)(const fa_problem *pb) {
+  return (size_t)SFX(ref_threads)(pb, pb->batch * pb->heads_q) * SFX(ref_slice)(pb, 1, 1);
+}
+
+/* fa_attention_probs: P of every (sequence, query head), unrounded, into the
+ * caller's (seqs, heads_q, rows, cols) float32 array; dropped elements
+ * negated (their sign bit set), entries past the sequence's lengths 0. */
+static fa_status SFX(ref_probs)(const fa_problem *pb) {
+  const int64_t units = pb->batch * pb->heads_q;
+  const int64_t rows = pb->probs_rows, cols = pb->probs_cols;
+  const size_t slice = SFX(ref_slice)(pb, 1, 1);
+  const int nt = SFX(ref_threads)(pb, units);
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (int64_t u = 0; u < units; u++) {
+    const fa_params *pr = pb->params;
+    fa_seq sq;
+    const REAL *p = SFX(ref_head_probs)(pb, u, slice, 1, FA_DTYPE_F64, 0, &sq);
+    const fa_dropout dr = fa_dropout_make(pr->dropout_p, pr->dropout_seed, pr->dropout_offset);
+    float *out = pb->probs + (size_t)u * (size_t)rows * (size_t)cols;
+    for (int64_t i = 0; i < rows; i++)
+      for (int64_t j = 0; j < cols; j++) {
+        float x = i < sq.nq && j < sq.nk ? (float)p[i * sq.nk + j] : 0.f;
+        /* u is the dropout matrix index: sequence * heads_q + head */
+        if (pr->dropout_p > 0 && i < sq.nq && j < sq.nk && !fa_dropout_keep(&dr, (uint64_t)u, i, j))
+          x = -x;
+        out[i * cols + j] = x;
+      }
   }
   return FA_OK;
 }

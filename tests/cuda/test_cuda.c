@@ -12,7 +12,10 @@
  * check_dropout_bits reads the GPU's keep decisions out of O and dV and
  * compares them with fa_dropout_mask bit for bit. A varlen case with one
  * sequence all NaN (nanseq) checks that packed neighbours stay separate
- * problems: every other sequence must still match the oracle.
+ * problems: every other sequence must still match the oracle. Head dims that
+ * are not multiples of 8 run with rows back to back (padded copies), and
+ * pointers that are not 16-byte aligned (lead); fa_attention_probs is
+ * checked against the CPU's on the same inputs (probs).
  * Usage: test_cuda [--small] [-v] [--match TEXT] (only the cases whose name
  * holds TEXT: a short device run). Exits 77 with no device. */
 #include <cuda_runtime.h>
@@ -105,6 +108,8 @@ typedef struct tcase {
   int bbcast;             /* block mask broadcast over heads (stride_head 0) */
   int nanseq;             /* varlen: sequence nanseq - 1's Q, K, V, dO all NaN when > 0 */
   int kv, used[8];        /* KV cache (fixed lengths): batch b uses used[b] keys (seqused_k) */
+  int lead;               /* elements before every tensor's first one on the GPU (unaligned) */
+  int probs;              /* also check fa_attention_probs */
 } tcase;
 
 typedef struct tens {
@@ -157,6 +162,22 @@ static void *dev_copy(const void *h, size_t bytes) {
   CK(cudaMalloc(&d, bytes ? (bytes + 15) / 16 * 16 : 1));
   if (bytes) CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
   return d;
+}
+
+/* A tensor's device copy of h (NULL: poisoned, 0xFF bytes) that starts
+ * g_lead bytes into its allocation (the case's lead elements): with an odd
+ * lead its rows are not 16-byte aligned. */
+static size_t g_lead;
+static void *dev_tensor(const void *h, size_t bytes) {
+  char *d = NULL;
+  const size_t all = g_lead + (bytes + 15) / 16 * 16 + 16;
+  CK(cudaMalloc((void **)&d, all));
+  CK(cudaMemset(d, 0xFF, all));
+  if (h && bytes) CK(cudaMemcpy(d + g_lead, h, bytes, cudaMemcpyHostToDevice));
+  return d + g_lead;
+}
+static void dev_tensor_free(void *p) {
+  if (p) cudaFree((char *)p - g_lead);
 }
 
 /* A varlen case's NaN sequence (nanseq > 0: sequence nanseq - 1) holds
@@ -343,7 +364,7 @@ static void check_backward(const fwd_state *f) {
     printf("FAIL %s: cpu backward: %s\n", c->name, fa_last_error());
     g_fail++;
   } else {
-    void *dodv = dev_copy(doh, o->n * 2), *gout[3], *det[2][3];
+    void *dodv = dev_tensor(doh, o->n * 2), *gout[3], *det[2][3];
     tens tg[8];
     void *dg[5] = {f->qdv, f->kdv, f->vdv, f->odv, dodv};
     for (int i = 0; i < 8; i++) {
@@ -352,13 +373,17 @@ static void check_backward(const fwd_state *f) {
     }
     const int nk_rows = c->nseq ? f->NK : c->nk;
     /* default mode, with a caller workspace poisoned like the outputs (NaN):
-     * whatever the kernels read of it they must have written first */
+     * whatever the kernels read of it they must have written first. The
+     * query sees q, k, v only: with unaligned outputs of a head dim that is
+     * a multiple of 8 (lead) it cannot know their copies, so the library
+     * allocates then. */
     fa_params pa = *f->pgpu;
     size_t wsz = 0, wsz_atomic = 0;
     st = fa_workspace_size(FA_PASS_BACKWARD, &pa, &tg[0].t, &tg[1].t, &tg[2].t, &wsz_atomic);
-    void *ws_atomic = st == FA_OK ? dev_poisoned(wsz_atomic) : NULL;
-    pa.workspace = ws_atomic, pa.workspace_bytes = wsz_atomic;
-    for (int i = 0; i < 3; i++) gout[i] = dev_poisoned(gt[i]->n * 2);
+    const int own_ws = !(c->lead && c->D % 8 == 0);
+    void *ws_atomic = st == FA_OK && own_ws ? dev_poisoned(wsz_atomic) : NULL;
+    pa.workspace = ws_atomic, pa.workspace_bytes = own_ws ? wsz_atomic : 0;
+    for (int i = 0; i < 3; i++) gout[i] = dev_tensor(NULL, gt[i]->n * 2);
     tg[5].t.data = gout[0], tg[6].t.data = gout[1], tg[7].t.data = gout[2];
     if (st == FA_OK)
       st = fa_backward(&pa, &tg[0].t, &tg[1].t, &tg[2].t, &tg[3].t, &tg[4].t, f->ldv, &tg[5].t,
@@ -382,7 +407,7 @@ static void check_backward(const fwd_state *f) {
     pd.deterministic = 1;
     st = fa_workspace_size(FA_PASS_BACKWARD, &pd, &tg[0].t, &tg[1].t, &tg[2].t, &wsz);
     for (int run = 0; run < 2 && st == FA_OK; run++) {
-      for (int i = 0; i < 3; i++) det[run][i] = dev_poisoned(gt[i]->n * 2);
+      for (int i = 0; i < 3; i++) det[run][i] = dev_tensor(NULL, gt[i]->n * 2);
       tg[5].t.data = det[run][0], tg[6].t.data = det[run][1], tg[7].t.data = det[run][2];
       st = fa_backward(&pd, &tg[0].t, &tg[1].t, &tg[2].t, &tg[3].t, &tg[4].t, f->ldv, &tg[5].t,
                        &tg[6].t, &tg[7].t);
@@ -404,23 +429,29 @@ static void check_backward(const fwd_state *f) {
       e[1] = compare(c, k, c->Hk, nk_rows, f->NK, c->lk, dref[1], ddet[1], dlp[1]);
       e[2] = compare(c, v, c->Hk, nk_rows, f->NK, c->lk, dref[2], ddet[2], dlp[2]);
       char extra[160];
-      /* workspace: O(N) without the float32 dQ accumulator, which the atomic mode adds */
-      const int ws_ok = wsz > 0 && wsz < wsz_atomic;
+      /* workspace: the atomic mode's and O(N) per-tile counts (the Hopper kernels') */
+      const int ws_ok =
+          wsz > wsz_atomic && wsz - wsz_atomic <= (size_t)c->Hq * f->NQ * c->B * 4 + 512;
       snprintf(extra, sizeof extra, " bitwise-repeatable %s, workspace %zu (atomic %zu)%s",
                same ? "yes" : "NO", wsz, wsz_atomic, ws_ok ? "" : " WRONG");
       report_bwd(c, "deterministic", e, same && ws_ok, extra);
       for (int run = 0; run < 2; run++)
-        for (int i = 0; i < 3; i++) cudaFree(det[run][i]);
+        for (int i = 0; i < 3; i++) dev_tensor_free(det[run][i]);
     }
-    for (int i = 0; i < 3; i++) cudaFree(gout[i]);
-    cudaFree(dodv);
+    for (int i = 0; i < 3; i++) dev_tensor_free(gout[i]);
+    dev_tensor_free(dodv);
   }
   for (int i = 0; i < 3; i++) free(dlp[i]), free(dgpu[i]), free(ddet[i]), free(dref[i]);
   free(doh), free(dod);
 }
 
+static void check_probs(const tcase *c, const fa_params *pcpu, const fa_params *pgpu, const tens *q,
+                        const tens *k, const uint16_t *qh, const uint16_t *kh, void *qdv,
+                        void *kdv);
+
 static void run_case(const tcase *c) {
   if (g_match && !strstr(c->name, g_match)) return;
+  g_lead = (size_t)c->lead * 2;
   const int varlen = c->nseq > 0;
   int B = c->B, NQ = c->nq, NK = c->nk;
   int32_t cq[9] = {0}, ck[9] = {0};
@@ -520,14 +551,13 @@ static void run_case(const tcase *c) {
 
   /* the GPU run */
   {
-    void *qdv = dev_copy(qh, q.n * 2), *kdv = dev_copy(kh, k.n * 2), *vdv = dev_copy(vh, v.n * 2);
-    void *odv = NULL, *ldv = NULL, *sdv = dev_copy(slopes, sizeof(float) * (size_t)nslopes);
+    void *qdv = dev_tensor(qh, q.n * 2), *kdv = dev_tensor(kh, k.n * 2);
+    void *vdv = dev_tensor(vh, v.n * 2), *odv = dev_tensor(NULL, o.n * 2);
+    void *ldv = NULL, *sdv = dev_copy(slopes, sizeof(float) * (size_t)nslopes);
     void *cqd = dev_copy(cq, sizeof cq), *ckd = dev_copy(ck, sizeof ck);
     void *ud = dev_copy(used, sizeof used);
     void *bmd = bmh ? dev_copy(bmh, bm_bytes) : NULL;
-    CK(cudaMalloc(&odv, o.n * 2));
     CK(cudaMalloc(&ldv, nlse * 4));
-    CK(cudaMemset(odv, 0xFF, o.n * 2));
     CK(cudaMemset(ldv, 0xFF, nlse * 4));
     cudaStream_t stream;
     CK(cudaStreamCreate(&stream));
@@ -605,9 +635,11 @@ static void run_case(const tcase *c) {
                        kd, vd, od, lse_ref, lse_lp, qdv, kdv, vdv, odv, ldv, &pr, &pg};
         check_backward(&f);
       }
+      if (c->probs) check_probs(c, &pr, &pg, &q, &k, qh, kh, qdv, kdv);
     }
     CK(cudaStreamDestroy(stream));
-    cudaFree(qdv), cudaFree(kdv), cudaFree(vdv), cudaFree(odv), cudaFree(ldv);
+    dev_tensor_free(qdv), dev_tensor_free(kdv), dev_tensor_free(vdv), dev_tensor_free(odv);
+    cudaFree(ldv);
     cudaFree(sdv), cudaFree(cqd), cudaFree(ckd), cudaFree(bmd), cudaFree(ud);
   }
 out:
@@ -615,6 +647,57 @@ out:
   free(qh), free(kh), free(vh), free(oh), free(olp);
   free(qd), free(kd), free(vd), free(od);
   free(lse_ref), free(lse_lp), free(lse_dev);
+}
+
+/* fa_attention_probs on the GPU against the CPU's, on the same 16-bit inputs
+ * and parameters: values within 1e-4 (float32 S from cuBLAS against float64),
+ * every sign bit (the dropout pattern) equal, the room around each sequence's
+ * matrix zero (it starts poisoned). */
+static void check_probs(const tcase *c, const fa_params *pcpu, const fa_params *pgpu, const tens *q,
+                        const tens *k, const uint16_t *qh, const uint16_t *kh, void *qdv,
+                        void *kdv) {
+  const int S = c->nseq ? c->nseq : c->B;
+  int mq = c->nq, mk = c->nk;
+  for (int s = 0; s < c->nseq; s++) {
+    mq = s == 0 || c->lq[s] > mq ? c->lq[s] : mq;
+    mk = s == 0 || c->lk[s] > mk ? c->lk[s] : mk;
+  }
+  const int rows = mq + 5, cols = mk + 3;
+  const size_t n = (size_t)S * c->Hq * rows * cols;
+  float *cpu = malloc(n * 4), *gpu = malloc(n * 4);
+  memset(cpu, 0xFF, n * 4);
+  tens qc = *q, kc = *k, qg = *q, kg = *k;
+  qc.t.data = (void *)qh, kc.t.data = (void *)kh, qg.t.data = qdv, kg.t.data = kdv;
+  float *dev = dev_poisoned(n * 4);
+  fa_status st = fa_attention_probs(pcpu, &qc.t, &kc.t, rows, cols, cpu);
+  const char *who = "cpu";
+  if (st == FA_OK) {
+    who = "cuda";
+    st = fa_attention_probs(pgpu, &qg.t, &kg.t, rows, cols, dev);
+    CK(cudaDeviceSynchronize());
+  }
+  long bad = 0, dropped = 0;
+  double worst = 0;
+  if (st == FA_OK) {
+    CK(cudaMemcpy(gpu, dev, n * 4, cudaMemcpyDeviceToHost));
+    for (size_t x = 0; x < n; x++) {
+      const double d = fabs((double)gpu[x] - (double)cpu[x]);
+      if (!(d <= 1e-4) || !signbit(gpu[x]) != !signbit(cpu[x])) bad++;
+      if (d > worst || d != d) worst = d != d ? INFINITY : d;
+      dropped += signbit(cpu[x]) != 0;
+    }
+  }
+  const int ok = st == FA_OK && bad == 0 && (c->dropout > 0) == (dropped > 0);
+  if (ok)
+    g_pass++;
+  else
+    g_fail++;
+  if (!ok || g_verbose)
+    printf("%s %s [probs]: %s; %ld of %zu differ (max |d| %.3g), %ld dropped\n",
+           ok ? "ok  " : "FAIL", c->name, st == FA_OK ? "ran" : who, bad, n, worst, dropped);
+  if (st != FA_OK) printf("     %s\n", fa_last_error());
+  cudaFree(dev);
+  free(cpu), free(gpu);
 }
 
 /* A varlen case's per-sequence query and key lengths (c->nseq of each). */
@@ -964,9 +1047,8 @@ static void full_suite(void) {
       c = base(nm("%s D=%d %s", "flash1 maps to flash2", 64, dt), dt, 64, 1, 2, 100, 100);
       c.algo = FA_ALGO_FLASH1;
       run_case(&c);
-      c = base(nm("%s D=%d %s", "flash with odd head dim: unsupported", 33, dt), dt, 33, 1, 2, 16,
-               16);
-      c.expect = FA_ERR_UNSUPPORTED;
+      c = base(nm("%s D=%d %s", "flash with odd head dim, rows back to back", 33, dt), dt, 33, 1, 2,
+               16, 16);
       run_case(&c);
       c = base(nm("%s D=%d %s", "head dim 40 (aligned, padded to 64)", 40, dt), dt, 40, 2, 2, 77,
                99);
@@ -981,6 +1063,87 @@ static void full_suite(void) {
         c.pad = 3, c.causal = i == 1;
         run_case(&c);
       }
+      /* head dims that are not multiples of 8 with rows back to back: padded
+       * copies, on every variant and both kernel families */
+      static const int any_d[8] = {1, 7, 33, 59, 111, 141, 197, 255};
+      for (int i = 0; i < 8; i++) {
+        const int D = any_d[i];
+        c = base(nm("%s D=%d %s", "contiguous causal GQA 4:2 nq=nk=300", D, dt), dt, D, 2, 4, 300,
+                 300);
+        c.Hk = 2, c.causal = 1;
+        run_case(&c);
+        c = base(nm("%s D=%d %s", "contiguous varlen window 40,10", D, dt), dt, D, 1, 2, 0, 0);
+        c.nseq = 3, c.window = 1, c.wl = 40, c.wr = 10;
+        {
+          const int vq[3] = {70, 0, 150}, vk[3] = {90, 9, 150};
+          seq_lens(&c, vq, vk);
+        }
+        run_case(&c);
+        if (i % 2) {
+          c = base(nm("%s D=%d %s", "contiguous softcap alibi nq=100 nk=257", D, dt), dt, D, 2, 2,
+                   100, 257);
+          c.softcap = 4, c.alibi = 1;
+        } else {
+          c = base(
+              nm("%s D=%d %s", "contiguous dropout 0.15 + block mask 128x128 causal 300", D, dt),
+              dt, D, 1, 2, 300, 300);
+          c.dropout = 0.15f, c.bq = 128, c.bk = 128, c.bdens = 60, c.causal = 1;
+        }
+        run_case(&c);
+      }
+      c = base(nm("%s D=%d %s", "contiguous kvcache B=2 nq=70 nk=300 used 300/129 causal", 59, dt),
+               dt, 59, 2, 3, 70, 300);
+      c.causal = 1, c.kv = 1, c.used[0] = 300, c.used[1] = 129;
+      run_case(&c);
+      c = base(nm("%s D=%d %s", "contiguous bhnd layout causal 300", 141, dt), dt, 141, 2, 3, 300,
+               300);
+      c.bhnd = 1, c.causal = 1;
+      run_case(&c);
+      c = base(nm("%s D=%d %s", "contiguous block mask 128x128 GQA 4:2 nq=nk=700", 100, dt), dt,
+               100, 1, 4, 700, 700);
+      c.Hk = 2, c.bq = 128, c.bk = 128, c.bdens = 50;
+      run_case(&c);
+      /* pointers one or three elements into an allocation: copies at aligned head dims too */
+      c = base(nm("%s D=%d %s", "unaligned pointers causal GQA 4:1 nq=200 nk=333", 64, dt), dt, 64,
+               2, 4, 200, 333);
+      c.Hk = 1, c.causal = 1, c.lead = 1;
+      run_case(&c);
+      c = base(nm("%s D=%d %s", "unaligned pointers varlen window 40,10", 59, dt), dt, 59, 1, 2, 0,
+               0);
+      c.nseq = 3, c.window = 1, c.wl = 40, c.wr = 10, c.lead = 3;
+      {
+        const int vq[3] = {70, 0, 150}, vk[3] = {90, 9, 150};
+        seq_lens(&c, vq, vk);
+      }
+      run_case(&c);
+      c = base(nm("%s D=%d %s", "unaligned pointers decode split GQA 8:2 nq=1 nk=3000", 128, dt),
+               dt, 128, 1, 8, 1, 3000);
+      c.Hk = 2, c.lead = 1;
+      run_case(&c);
+      /* deterministic mode with more key blocks per head than an H100 has
+       * SMs: the Hopper kernels' full-mask order then runs in two waves */
+      c = base(nm("%s D=%d %s", "more key blocks than SMs nq=200 nk=17000", 64, dt), dt, 64, 1, 1,
+               200, 17000);
+      run_case(&c);
+      /* attention probabilities (fa_attention_probs) against the CPU's */
+      c = base(nm("%s D=%d %s", "probs dropout 0.2 GQA 4:2 causal nq=77 nk=130", 64, dt), dt, 64, 2,
+               4, 77, 130);
+      c.Hk = 2, c.causal = 1, c.dropout = 0.2f, c.probs = 1;
+      run_case(&c);
+      c = base(nm("%s D=%d %s", "probs varlen window 30,5 block mask 16x16 dropout 0.1", 40, dt),
+               dt, 40, 1, 2, 0, 0);
+      c.nseq = 3, c.window = 1, c.wl = 30, c.wr = 5, c.bq = 16, c.bk = 16, c.bdens = 70;
+      c.dropout = 0.1f, c.probs = 1;
+      {
+        const int vq[3] = {17, 0, 70}, vk[3] = {33, 9, 140};
+        seq_lens(&c, vq, vk);
+      }
+      run_case(&c);
+      c = base(nm("%s D=%d %s", "probs kvcache softcap alibi causal nq=5 nk=90 used 33/90", 59, dt),
+               dt, 59, 2, 2, 5, 90);
+      c.kv = 1, c.used[0] = 33, c.used[1] = 90, c.softcap = 3, c.alibi = 1, c.causal = 1;
+      c.probs = 1;
+      run_case(&c);
       /* decode shapes on the sm_80 kernels (softcap, ALiBi, dropout, head dim
        * 32): split keys there too */
       c = base(nm("%s D=%d %s", "decode split softcap 30 GQA 8:2 nq=1 nk=5000", 128, dt), dt, 128,
@@ -1101,6 +1264,22 @@ static void small_suite(void) {
    * memcheck checks as a read past the tensor, if 16 bytes are copied */
   c = base("small odd head dim 141 strides padded to 8 bf16", FA_DTYPE_BF16, 141, 1, 2, 70, 90);
   c.pad = 3;
+  run_case(&c);
+  c = base("small contiguous odd head dim 59 causal GQA 2:1 f16", FA_DTYPE_F16, 59, 1, 2, 150, 150);
+  c.Hk = 1, c.causal = 1;
+  run_case(&c);
+  c = base("small contiguous head dim 7 varlen bf16", FA_DTYPE_BF16, 7, 1, 2, 0, 0);
+  c.nseq = 3;
+  c.lq[0] = 17, c.lq[1] = 0, c.lq[2] = 70, c.lk[0] = 17, c.lk[1] = 9, c.lk[2] = 140;
+  run_case(&c);
+  c = base("small unaligned pointers D=64 bf16", FA_DTYPE_BF16, 64, 1, 2, 100, 130);
+  c.lead = 1, c.causal = 1;
+  run_case(&c);
+  c = base("small probs dropout GQA 2:1 D=64 f16", FA_DTYPE_F16, 64, 1, 2, 40, 70);
+  c.Hk = 1, c.dropout = 0.2f, c.causal = 1, c.probs = 1;
+  run_case(&c);
+  c = base("small deterministic full mask many blocks D=128 bf16", FA_DTYPE_BF16, 128, 1, 1, 130,
+           3000);
   run_case(&c);
   c = base("small standard GQA D=64 f16", FA_DTYPE_F16, 64, 1, 4, 40, 70);
   c.algo = FA_ALGO_STANDARD, c.Hk = 2, c.causal = 1;

@@ -26,9 +26,18 @@
  * Above D = 128 (BwdShape::COLS; 129-192 padded to 192, 193-256 to 256)
  * both warpgroups take the same 64 keys, each owning half of the columns of
  * dK, dV and dQ, and each computes the whole S^T and dP^T. Plain score path
- * (block masks as in the forward), padded head dims 64, 128, 192 and 256, not
- * deterministic. */
+ * (block masks as in the forward), padded head dims 64, 128, 192 and 256.
+ *
+ * Deterministic mode (DET): the dQ reduce-adds into each query tile go in the
+ * fixed order of common/dq_order.h. The consumers stage their dQ blocks as
+ * before; a writer warp of the producer warpgroup waits for the block's turn
+ * at the tile (a per-tile count in global memory), issues both warpgroups'
+ * reduce-adds, waits for them to complete and counts the block in. Blocks
+ * take their index from a ticket as they start, so that they only ever wait
+ * for blocks already running; tiles a block mask skips are counted in
+ * without an add. docs/ALGORITHM.md, "Deterministic dQ". */
 #include "../backward_kernel.cuh"
+#include "common/dq_order.h"
 #include "schedule.cuh"
 #include "sm90.h"
 #include "wgmma.cuh"
@@ -74,6 +83,10 @@ struct BwdShape {
   static constexpr int DS_BUFS = COLS ? 1 : 2;
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
   static_assert(regs_split_fits(NWG + 1, PRODUCER_REGS, CONSUMER_REGS), "registers fit");
+  /* deterministic mode: the producer walks a ticket's block (not blockIdx's,
+   * which cost no registers) and the dQ writer its turns: 24 spill */
+  static constexpr int DET_PRODUCER_REGS = 40, DET_CONSUMER_REGS = 232;
+  static_assert(regs_split_fits(NWG + 1, DET_PRODUCER_REGS, DET_CONSUMER_REGS), "registers fit");
 };
 
 /* Slices J0.. of an accumulator as an N-column one (constant J0: the
@@ -105,8 +118,10 @@ struct BwdSmem {
   /* per stage: the tile's lse2 and Di rows (BR floats each), next to its Q and dO */
   static constexpr uint32_t LSE0 = DQ0 + S::NWG * DQBYTES, LSEBYTES = 2 * S::BR * 4;
   static constexpr uint32_t BARS = LSE0 + S::ST * LSEBYTES;
-  /* barriers: kv_full, q_full[ST], q_empty[ST]; 1 KB to align the base */
-  static constexpr size_t BYTES = BARS + 8 * (1 + 2 * S::ST) + 1024;
+  /* barriers: kv_full, q_full[ST], q_empty[ST]; the block's ticket
+   * (deterministic mode); 1 KB to align the base */
+  static constexpr uint32_t TICKET = BARS + 8 * (1 + 2 * S::ST);
+  static constexpr size_t BYTES = TICKET + 8 + 1024;
 };
 
 #ifdef FA_SM90_TRACE
@@ -135,7 +150,12 @@ __device__ __forceinline__ unsigned trace_smid() {
 #endif
 #define FA_TRACE(slot) FA_TRACE_SET(slot, trace_now())
 
-template <typename T, int D>
+/* Named barriers of the deterministic mode's dQ hand-over, per consumer
+ * warpgroup wg (128 threads) and the writer warp: its staging tile is full
+ * (kDqFull + wg), the writer has read it (kDqEmpty + wg). */
+constexpr int kDqFull = 4, kDqEmpty = 6, kDqBarThreads = 128 + 32;
+
+template <typename T, int D, bool DET>
 __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     bwd_kv_kernel(const __grid_constant__ BwdParams P) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -157,11 +177,25 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   /* the dQ conversion may launch once every block has started (it waits
    * for each head's blocks through kv_done) */
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  const int b = blockIdx.z, hk = blockIdx.y;
+  /* (key block, K/V head, sequence): the block's own, or (DET) those of the
+   * ticket it takes, in the launch order of common/dq_order.h */
+  int bx = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  if constexpr (DET) {
+    volatile int *slot =
+        reinterpret_cast<volatile int *>(smem_raw + (sK + L::TICKET - smem_addr(smem_raw)));
+    if (threadIdx.x == 0) *slot = atomicAdd(p.kv_ticket, 1);
+    __syncthreads();
+    const int t = *slot, rest = t / (int)gridDim.x;
+    const fa_mask band =
+        fa_mask_make(0, 0, p.causal, p.window_enabled, p.window_left, p.window_right);
+    bx = fa_dq_block_of(fa_dq_banded(&band), (int)gridDim.x, t - rest * (int)gridDim.x);
+    hk = rest % (int)gridDim.y;
+    b = rest / (int)gridDim.y;
+  }
   int *const done = kv_done_of(p, b, hk);
   const SeqView sv = seq_view(p, b);
   const int nq = sv.nq, nk = sv.nk;
-  const int c0 = blockIdx.x * BC;
+  const int c0 = bx * BC;
   if (c0 >= nk) {
     if (threadIdx.x == 0) atomicAdd(done, 1); /* nothing to reduce: counted at once */
     return;
@@ -170,13 +204,30 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   const fa_mask mk =
       fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
   const QueryTiles qt = query_tiles<BR, BC>(mk, c0, cols);
-  const int m_begin = qt.m_begin, nm = qt.nm;
-  const int steps = nm * p.group; /* step s: head hk group + s / nm, block m_begin + s % nm */
+  int m_begin, nm; /* the query tiles that see the block (qt's), as dq_order.h counts them */
+  fa_dq_block_tiles(&mk, bx, BC, BR, &m_begin, &nm);
+  const int steps = nm * p.group;
+  /* Step s: query head hk group + s / nm, query tile m_begin + (s % nm + rot)
+   * % nm; DET full masks rotate the walk (dq_order.h), else rot = 0 */
+  int rot = 0;
+  if constexpr (DET) {
+    const fa_dq_order ord = fa_dq_order_make(&mk, BC, BR, p.det_wave);
+    rot = fa_dq_rot(&ord, bx, nm);
+  }
+  auto tile_of = [&](int s, int &h, int &r) {
+    const int hs = s / nm;
+    int pos = s - hs * nm + rot;
+    if (pos >= nm) pos -= nm;
+    h = hk * p.group + hs;
+    r = (m_begin + pos) * BR;
+  };
   /* Steps a block mask (blocks a multiple of the tiles, sm90_forward_covers)
    * skips; producer and consumers each walk the same steps */
   auto skip = [&](int s) {
-    return p.bmask && !__ldg(bmask_head(p, b, hk * p.group + s / nm) + c0 / p.bm_k +
-                             (int64_t)((m_begin + s % nm) * BR / p.bm_q) * p.bm_sr);
+    if (!p.bmask) return false;
+    int h, r;
+    tile_of(s, h, r);
+    return !__ldg(bmask_head(p, b, h) + c0 / p.bm_k + (int64_t)(r / p.bm_q) * p.bm_sr);
   };
 
   /* this sequence's row 0 in the Q, dO and dQ maps, and in the K and V maps */
@@ -194,7 +245,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   __syncthreads();
 
   if (tid < 128) { /* ---- producer warpgroup ---- */
-    regs_dealloc<S::PRODUCER_REGS>();
+    regs_dealloc<DET ? S::DET_PRODUCER_REGS : S::PRODUCER_REGS>();
     if (tid < 32) { /* one warp walks the steps, its lane 0 issues the copies */
       if (tid == 0) {
         mbar_expect_tx(kv_full, 2 * L::KBYTES);
@@ -203,7 +254,8 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
       }
       int i = 0;
       auto load = [&](int s) {
-        const int h = hk * p.group + s / nm, r = (m_begin + s % nm) * BR;
+        int h, r;
+        tile_of(s, h, r);
         const int st = i % ST, ph = (i / ST) & 1;
         ++i;
         mbar_wait(q_empty(st), ph ^ 1);
@@ -234,12 +286,83 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
         mbar_arrive(q_full(st));
       };
       for_each_live(steps, skip, load);
+    } else if (DET && tid < 64) {
+      /* The dQ writer, per step of the walk (skipped steps too): the
+       * block's turn at the tile, both warpgroups' reduce-adds, their
+       * completion, the count. Lane 0 waits and issues; the warp takes the
+       * named barriers. Kept short, as it runs once per step and the next
+       * block in a tile's order is often only a step behind: the turns come
+       * 32 steps at a time, one per lane, and the tile's count is read before
+       * the staging barriers (it only grows). */
+      const int lane = tid & 31;
+      const fa_dq_order ord = fa_dq_order_make(&mk, BC, BR, p.det_wave);
+      named_arrive(kDqEmpty, kDqBarThreads); /* both staging tiles start empty */
+      named_arrive(kDqEmpty + 1, kDqBarThreads);
+      int turn = 0; /* this lane's: that of step (s & ~31) + lane */
+      for (int s = 0; s < steps; ++s) {
+        int h, r;
+        if ((s & 31) == 0 && s + lane < steps) {
+          tile_of(s + lane, h, r);
+          turn = fa_dq_turn(&ord, bx, r / BR);
+        }
+        const int want = __shfl_sync(0xffffffffu, turn, s & 31);
+        tile_of(s, h, r);
+        const bool live = !skip(s);
+        int *const sem = p.dq_sem + sv.lse0 + (int64_t)h * sv.lse_hs + r;
+        int n = 0;
+        if (lane == 0)
+          asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(n) : "l"(sem) : "memory");
+        if (live)
+#pragma unroll
+          for (int w = 0; w < S::NWG; ++w)
+            named_sync(kDqFull + w, kDqBarThreads); /* both warpgroups' dQ blocks are staged */
+        if (lane == 0) {
+          while (n < want) {
+            __nanosleep(32);
+            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(n) : "l"(sem) : "memory");
+          }
+          asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the adds come after */
+          if (live) {
+#pragma unroll
+            for (int w = 0; w < S::NWG; ++w) {
+              const int qw = S::ROW_SPLIT ? w * 64 : 0, dw = S::ROW_SPLIT ? 0 : w * S::DQC;
+              const uint32_t src = sK + L::DQ0 + w * L::DQBYTES;
+              if (r + qw < nq)
+#pragma unroll
+                for (int bb = 0; bb < S::DQC / 32; ++bb)
+                  asm volatile(
+                      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, "
+                      "{%1, %2, %3, %4}], [%5];\n" ::"l"(&P.tdq),
+                      "r"(dw + bb * 32), "r"(mq.row + r + qw), "r"(h), "r"(mq.batch),
+                      "r"(src + bb * 8192)
+                      : "memory");
+            }
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+            asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+          }
+        }
+        __syncwarp();
+        if (live)
+#pragma unroll
+          for (int w = 0; w < S::NWG; ++w) named_arrive(kDqEmpty + w, kDqBarThreads);
+        if (lane == 0) {
+          if (live) { /* the sums are in memory before the count says so */
+            asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+            asm volatile("fence.proxy.async.global;\n" ::: "memory");
+          }
+          asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
+        }
+        __syncwarp();
+      }
+      /* every add of the block has completed: the conversion may take its head */
+      if (lane == 0)
+        asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(done) : "memory");
     }
     return;
   }
 
   /* ---- consumer warpgroups ---- */
-  regs_alloc<S::CONSUMER_REGS>();
+  regs_alloc<DET ? S::DET_CONSUMER_REGS : S::CONSUMER_REGS>();
   const int ctid = tid - 128, wg = ctid >> 7, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   const int kw0 = S::COLS ? 0 : wg * 64;       /* this warpgroup's first key in the block */
@@ -256,7 +379,8 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   auto slice_col = [](int j, int n0, int c0, int c1) {
     return j < n0 / 8 ? c0 + 8 * j : c1 + 8 * (j - n0 / 8);
   };
-  const bool issuer = (ctid & 127) == 0; /* issues this warpgroup's dQ reductions */
+  /* issues this warpgroup's dQ reductions (DET: the writer warp does) */
+  [[maybe_unused]] const bool issuer = (ctid & 127) == 0;
 
   float dk[S::DC / 8][4], dv[S::DC / 8][4];
 #pragma unroll
@@ -273,7 +397,8 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
    * -DFA_SM90_TRACE; H100, D = 128). */
   auto step = [&](const int s, const int i, const bool masked) {
     const int st = i % ST;
-    const int h = hk * p.group + s / nm, r = (m_begin + s % nm) * BR;
+    int h, r;
+    tile_of(s, h, r);
     const uint32_t q_st = sK + L::Q0 + st * L::QBYTES, do_st = sK + L::DO0 + st * L::QBYTES;
     const float *sl = lse_stage(st);
     float sa[BR / 8][4], dp[BR / 8][4];
@@ -376,8 +501,12 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     mbar_arrive(q_empty(st)); /* done with Q_i, dO_i and the lse rows */
 
     /* dQ_i[qw.., dw..] (64 x DQC) += dS[qw.., all BC keys] K[all keys, dw..] */
-    if (issuer) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-    named_sync(2 + wg, 128); /* the previous reduction has read the staging tile */
+    if constexpr (DET) {
+      named_sync(kDqEmpty + wg, kDqBarThreads); /* the writer has read the staging tile */
+    } else {
+      if (issuer) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+      named_sync(2 + wg, 128); /* the previous reduction has read the staging tile */
+    }
     const uint32_t ds_buf = ds_tile(i % S::DS_BUFS, S::COLS ? wg : 0) + (qw / 64) * 64 * 128;
     const uint32_t dq_row0 = dq_wg + (((ctid >> 5) & 3) * 16 + g) * 128 + (t & 1) * 8;
     float dq[S::DQC / 8][4];
@@ -406,22 +535,27 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
             : "memory");
       }
     fence_proxy_async();
-    named_sync(2 + wg, 128); /* the staging tile is complete */
-    if (issuer && r + qw < nq) {
+    if constexpr (DET) {
+      named_arrive(kDqFull + wg, kDqBarThreads); /* the staging tile is complete */
+    } else {
+      named_sync(2 + wg, 128); /* the staging tile is complete */
+      if (issuer && r + qw < nq) {
 #pragma unroll
-      for (int bx = 0; bx < S::DQC / 32; ++bx)
-        asm volatile(
-            "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, "
-            "%3, %4}], [%5];\n" ::"l"(&P.tdq),
-            "r"(dw + bx * 32), "r"(mq.row + r + qw), "r"(h), "r"(mq.batch), "r"(dq_wg + bx * 8192)
-            : "memory");
-      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        for (int bb = 0; bb < S::DQC / 32; ++bb)
+          asm volatile(
+              "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, "
+              "%2, %3, %4}], [%5];\n" ::"l"(&P.tdq),
+              "r"(dw + bb * 32), "r"(mq.row + r + qw), "r"(h), "r"(mq.batch), "r"(dq_wg + bb * 8192)
+              : "memory");
+        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+      }
     }
   };
   int i = 0; /* visited steps so far: the ring's position */
   for_each_live(steps, skip, [&](int s) {
     mbar_wait(q_full(i % ST), (i / ST) & 1);
-    const int r = (m_begin + s % nm) * BR;
+    int h, r;
+    tile_of(s, h, r);
     step(s, i++, qt.masked(r, BR, nq));
   });
   if (ctid == 0) {
@@ -465,13 +599,16 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   }
   /* The block's dQ reductions complete (not only read their staging: the
    * conversion reads the sums); then it counts itself done for its head,
-   * the release ordering those sums before the count. */
-  if (issuer) {
-    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+   * the release ordering those sums before the count (DET: the writer
+   * does, after its last add). */
+  if constexpr (!DET) {
+    if (issuer) {
+      asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+      asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    }
+    named_sync(1, NC);
+    if (ctid == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(done) : "memory");
   }
-  named_sync(1, NC);
-  if (ctid == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(done) : "memory");
   if (ctid == 0) FA_TRACE(3);
 #endif
 }
@@ -519,6 +656,9 @@ fa_status bwd_launch(const BwdArgs &a, cudaStream_t stream) {
   constexpr bool BF = std::is_same<T, __nv_bfloat16>::value;
   BwdParams prm; /* maps first: a layout TMA cannot map launches nothing */
   prm.a = a;
+  /* deterministic, full masks: waves of as many blocks as are resident at
+   * once (one per SM), which dq_order.h lets wait for each other */
+  if (a.deterministic) prm.a.det_wave = persistent_ctas(INT_MAX / 2);
   const bool pk = a.cu_q != nullptr; /* varlen: packed maps (forward_sm90.cu) */
   const int64_t hk = a.heads_q / a.group;
   fa_status st;
@@ -533,9 +673,10 @@ fa_status bwd_launch(const BwdArgs &a, cudaStream_t stream) {
       (st = make_map_f32(&prm.tdq, a.dq_acc, D, a.nq, a.heads_q, a.batch, pk, 64)) != FA_OK)
     return st;
   if ((st = bwd_rows_launch<T, D>(a, stream, false)) != FA_OK) return st;
-  auto kernel = bwd_kv_kernel<T, D>;
-  static bool attr_done = false;
-  if ((st = smem_limit_once(kernel, smem, attr_done)) != FA_OK) return st;
+  const bool det = a.deterministic != 0;
+  auto kernel = det ? bwd_kv_kernel<T, D, true> : bwd_kv_kernel<T, D, false>;
+  static bool attr_done[2] = {false, false};
+  if ((st = smem_limit_once(kernel, smem, attr_done[det])) != FA_OK) return st;
   const dim3 kv_grid((unsigned)((a.max_seqlen_k + S::BC - 1) / S::BC), (unsigned)hk,
                      (unsigned)a.batch);
   if (kv_grid.x == 0) return bwd_rows_launch<T, D>(a, stream, true); /* dQ = 0 */

@@ -28,8 +28,8 @@ bool sm90_strict();
 bool sm90_forward_covers(const AttnArgs &a);
 template <typename T>
 fa_status sm90_forward(const FwdArgs &a, cudaStream_t s);
-/* The wgmma backward handles these arguments (as the forward, and not
- * deterministic); otherwise the sm_80 kernels run. */
+/* The wgmma backward handles these arguments (as the forward; deterministic
+ * mode too); otherwise the sm_80 kernels run. */
 bool sm90_backward_covers(const BwdArgs &a);
 template <typename T>
 fa_status sm90_backward(const BwdArgs &a, cudaStream_t s);

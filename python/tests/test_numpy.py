@@ -152,8 +152,12 @@ def test_numpy_errors():
     q, k, v = _qkv(1, 8, 8, 2, 2, 16)
     with pytest.raises(ValueError, match="negative strides"):
         fnp.forward(q[:, ::-1], k, v)
-    with pytest.raises(ValueError, match="contiguous"):
+    # numpy users are told numpy's spelling, not torch's .contiguous()
+    with pytest.raises(ValueError, match=r"np\.ascontiguousarray\(q\)") as e:
         fnp.forward(np.asfortranarray(q), k, v)
+    assert ".contiguous()" not in str(e.value)
+    with pytest.raises(ValueError, match=r"np\.ascontiguousarray\(v\)"):
+        flashattn.flash_attn_func(q, k, np.asfortranarray(v))
     with pytest.raises(TypeError, match="dtype"):
         fnp.forward(q.astype(np.int32), k, v)
     with pytest.raises(TypeError, match="same dtype"):

@@ -56,7 +56,9 @@ fi
 
 # ---- Python package: pip install . into a venv, then pytest python/tests ------------
 # torch comes from PyPI (its Linux wheel is the CUDA build: ~3 GB of downloads, ~5.4 GB
-# installed, 1.5 minutes cold; pip's cache in ~/.cache/pip makes reruns fast). The
+# installed, 1.5 minutes cold; pip's cache in ~/.cache/pip makes reruns fast), with
+# transformers for the integration tests. `pip install .` builds the compiled PyTorch
+# operators against that torch (FLASHATTN_TORCH=ON: a build that misses them fails). The
 # wheel is built CPU-only unless a GPU is visible (nvcc alone would compile kernels no
 # test here can run); set FLASHATTN_PY_CUDA=AUTO|ON|OFF to choose.
 if [ "$python" = 1 ]; then
@@ -72,13 +74,14 @@ if [ "$python" = 1 ]; then
       python3 -m venv "$venv"
     fi
   fi
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy pytest ml_dtypes torch
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy pytest ml_dtypes torch \
+    transformers
   py_cuda=${FLASHATTN_PY_CUDA:-}
   if [ -z "$py_cuda" ]; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then py_cuda=AUTO; else py_cuda=OFF; fi
   fi
   echo "== pip install . (FLASHATTN_CUDA=$py_cuda)"
-  SKBUILD_CMAKE_DEFINE="FLASHATTN_CUDA=$py_cuda" \
+  SKBUILD_CMAKE_DEFINE="FLASHATTN_CUDA=$py_cuda;FLASHATTN_TORCH=ON" \
     "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps .
   echo "== python tests (venv and install took $((SECONDS - py_start)) s)"
   # from the repository root, so `import flashattn` is the installed package

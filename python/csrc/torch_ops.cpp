@@ -17,6 +17,13 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
+#include <torch/version.h>
+// Compiled autograd's node interface, as of the torch releases this was built and tested
+// against (2.11 and later); older ones run this node in eager autograd only.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11)
+#define FLASHATTN_COMPILED_AUTOGRAD 1
+#include <torch/csrc/dynamo/compiled_autograd.h>
+#endif
 #include <torch/library.h>
 
 #include <cmath>
@@ -419,7 +426,12 @@ Tensors3 fwd_kernel(const Tensor &q, const Tensor &k, const Tensor &v,
                        softmax_scale, causal, window_left, window_right, softcap, dropout_p,
                        rng_state, deterministic, algorithm, block_size_q, block_size_k, bhnd);
   DeviceScope scope(q, r.p);
-  Tensor out = at::empty_like(q);
+  // SDPA's layout: out in (batch, seqlen, heads, headdim) memory order, so that the
+  // caller's out.transpose(1, 2) is contiguous (as torch's CUDA flash SDPA returns it)
+  Tensor out =
+      r.layout == Layout::bhnd
+          ? at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2)
+          : at::empty_like(q);
   Tensor lse = at::empty(lse_shape(q, r.layout), q.options().dtype(at::kFloat));
 #ifdef FLASHATTN_TORCH_CUDA
   refuse_captured_draw(r.p, dropout_p, rng_state);
@@ -515,6 +527,47 @@ struct AttentionBackward final : public torch::autograd::Node {
                               &seqused_k, &alibi_slopes, &block_mask})
       sv->reset_data();
   }
+
+#ifdef FLASHATTN_COMPILED_AUTOGRAD
+  // Compiled autograd (torch._dynamo.compiled_autograd): the saved tensors become graph
+  // inputs, the options part of the cache key, and apply() is traced.
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs &args) const override {
+    for (const SavedVariable *sv : {&q, &k, &v, &lse, &rng, &cu_seqlens_q, &cu_seqlens_k,
+                                    &seqused_k, &alibi_slopes, &block_mask})
+      args.collect(*sv, false);
+    args.collect(out, true);
+    args.collect(softmax_scale);
+    args.collect(causal);
+    args.collect(deterministic);
+    args.collect(bhnd);
+    args.collect(window_left);
+    args.collect(window_right);
+    args.collect(algorithm);
+    args.collect(block_size_q);
+    args.collect(block_size_k);
+    args.collect(softcap);
+    args.collect(dropout_p);
+  }
+
+  variable_list apply_with_saved(const variable_list &grads,
+                                 torch::dynamo::autograd::SwapSavedVariables &saved) override {
+    SavedVariable *all[] = {&q,
+                            &k,
+                            &v,
+                            &out,
+                            &lse,
+                            &rng,
+                            &cu_seqlens_q,
+                            &cu_seqlens_k,
+                            &seqused_k,
+                            &alibi_slopes,
+                            &block_mask};
+    for (SavedVariable *sv : all) saved.before(*sv);
+    variable_list r = apply(variable_list(grads));
+    for (SavedVariable *sv : all) saved.after(*sv);
+    return r;
+  }
+#endif
 
   variable_list apply(variable_list &&grads) override {
     const Tensor &dout = grads[0];

@@ -185,7 +185,11 @@ if AVAILABLE:
                   deterministic=False, algorithm=0, block_size_q=0, block_size_k=0, bhnd=False):
         varlen = cu_seqlens_q is not None
         _check_fake(q, k, v, varlen)
-        out = torch.empty_like(q)
+        if bhnd:  # (batch, seqlen, heads, headdim) memory, as the kernels allocate it
+            b, h, n, d = q.shape
+            out = q.new_empty((b, n, h, d)).transpose(1, 2)
+        else:
+            out = torch.empty_like(q)
         lse = q.new_empty(_lse_shape(q, varlen, bhnd), dtype=torch.float32)
         return out, lse, torch.empty(2, dtype=torch.int64, device="cpu")
 

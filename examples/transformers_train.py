@@ -35,7 +35,7 @@ import flashattn.transformers
 import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpt2_train import SyntheticData, peak_memory_mb  # noqa: E402
+from gpt2_train import SyntheticData, peak_memory_mb, write_json  # noqa: E402
 
 
 def build(args):
@@ -200,9 +200,7 @@ def main():
               % (a["step_ms"] / b["step_ms"], a["peak_mb"] / max(b["peak_mb"], 1e-9),
                  a["gen_tokens_per_s"] / b["gen_tokens_per_s"], diff, same, len(a["generated"])))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": {k: v for k, v in vars(args).items() if k != "_child"},
-                       "results": results}, f, indent=1)
+        write_json(args.json, args, results)
 
 
 if __name__ == "__main__":

@@ -101,15 +101,6 @@ PyObject *wrap3(Tensors3 &&r) {
   return t;
 }
 
-// The options every pass takes after its tensors, in schema order.
-struct Options {
-  optional<Tensor> cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask, rng_state;
-  optional<double> softmax_scale;
-  bool causal = false, deterministic = false, bhnd = false;
-  int64_t window_left = -1, window_right = -1, algorithm = 0, block_size_q = 0, block_size_k = 0;
-  double softcap = 0, dropout_p = 0;
-};
-
 // args: cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask, softmax_scale,
 // causal, window_left, window_right, softcap, dropout_p, rng_state, deterministic,
 // algorithm, block_size_q, block_size_k, bhnd

@@ -226,48 +226,41 @@ struct Resolved {
 
 constexpr float kTinyScale = std::numeric_limits<float>::denorm_min();
 
-Resolved resolve(const Tensor &q, const Tensor &k, const Tensor &v, const optional<Tensor> &cu_q,
-                 const optional<Tensor> &cu_k, const optional<Tensor> &seqused_k,
-                 const optional<Tensor> &alibi, const optional<Tensor> &block_mask,
-                 optional<double> softmax_scale, bool causal, int64_t window_left,
-                 int64_t window_right, double softcap, double dropout_p,
-                 const optional<Tensor> &rng_state, bool deterministic, int64_t algorithm,
-                 int64_t block_size_q, int64_t block_size_k, bool bhnd) {
+Resolved resolve(const Tensor &q, const Tensor &k, const Tensor &v, const Options &o) {
   Resolved r;
   fa_params &p = r.p;
   p = fa_params{};
-  const bool varlen = cu_q.has_value() || cu_k.has_value();
-  FA_VALUE_CHECK(cu_q.has_value() == cu_k.has_value(),
+  const bool varlen = o.cu_seqlens_q.has_value() || o.cu_seqlens_k.has_value();
+  FA_VALUE_CHECK(o.cu_seqlens_q.has_value() == o.cu_seqlens_k.has_value(),
                  "cu_seqlens_q and cu_seqlens_k must be given together");
-  FA_VALUE_CHECK(!(varlen && bhnd),
-                 "packed sequences (cu_seqlens) have no (batch, heads, "
-                 "seqlen, headdim) layout");
-  r.layout = varlen ? Layout::packed : bhnd ? Layout::bhnd : Layout::bnhd;
+  FA_VALUE_CHECK(!(varlen && o.bhnd),
+                 "packed sequences (cu_seqlens) have no (batch, heads, seqlen, headdim) layout");
+  r.layout = varlen ? Layout::packed : o.bhnd ? Layout::bhnd : Layout::bnhd;
   r.dt = check_qkv(q, k, v, r.layout);
   p.device = fa_device_of(q);
-  FA_VALUE_CHECK(algorithm >= FA_ALGO_FLASH2 && algorithm <= FA_ALGO_STANDARD, "unknown algorithm ",
-                 algorithm);
-  p.algorithm = static_cast<fa_algorithm>(algorithm);
+  FA_VALUE_CHECK(o.algorithm >= FA_ALGO_FLASH2 && o.algorithm <= FA_ALGO_STANDARD,
+                 "unknown algorithm ", o.algorithm);
+  p.algorithm = static_cast<fa_algorithm>(o.algorithm);
   // The library reads 0 as 1/sqrt(headdim); an explicit 0 (uniform attention) becomes
   // the smallest positive float, which gives the same result.
-  if (softmax_scale.has_value())
-    p.softmax_scale = *softmax_scale == 0.0 ? kTinyScale : static_cast<float>(*softmax_scale);
-  p.causal = causal;
-  p.window_enabled = window_left >= 0 || window_right >= 0;
-  p.window_left = window_left >= 0 ? window_left : -1;
-  p.window_right = window_right >= 0 ? window_right : -1;
-  p.softcap = static_cast<float>(softcap);
-  p.dropout_p = static_cast<float>(dropout_p);
-  p.deterministic = deterministic;
-  p.block_size_q = block_size_q;
-  p.block_size_k = block_size_k;
+  if (o.softmax_scale.has_value())
+    p.softmax_scale = *o.softmax_scale == 0.0 ? kTinyScale : static_cast<float>(*o.softmax_scale);
+  p.causal = o.causal;
+  p.window_enabled = o.window_left >= 0 || o.window_right >= 0;
+  p.window_left = o.window_left >= 0 ? o.window_left : -1;
+  p.window_right = o.window_right >= 0 ? o.window_right : -1;
+  p.softcap = static_cast<float>(o.softcap);
+  p.dropout_p = static_cast<float>(o.dropout_p);
+  p.deterministic = o.deterministic;
+  p.block_size_q = o.block_size_q;
+  p.block_size_k = o.block_size_k;
   if (p.device == FA_DEVICE_CPU) p.num_threads = at::get_num_threads();
 
   const int64_t hq = q.size(head_dim(r.layout));
   int64_t num_seqs = varlen ? 0 : q.size(0);
   if (varlen) {
-    Tensor cq = side_input(*cu_q, "cu_seqlens_q", q, at::kInt);
-    Tensor ck = side_input(*cu_k, "cu_seqlens_k", q, at::kInt);
+    Tensor cq = side_input(*o.cu_seqlens_q, "cu_seqlens_q", q, at::kInt);
+    Tensor ck = side_input(*o.cu_seqlens_k, "cu_seqlens_k", q, at::kInt);
     FA_VALUE_CHECK(cq.dim() == 1 && cq.size(0) >= 2,
                    "cu_seqlens_q must be 1-D with batch_size + 1 >= 2 entries, got shape ",
                    cq.sizes());
@@ -284,8 +277,8 @@ Resolved resolve(const Tensor &q, const Tensor &k, const Tensor &v, const option
     r.keep[0] = cq;
     r.keep[1] = ck;
   }
-  if (alibi.has_value()) {
-    Tensor a = side_input(*alibi, "alibi_slopes", q, at::kFloat);
+  if (o.alibi_slopes.has_value()) {
+    Tensor a = side_input(*o.alibi_slopes, "alibi_slopes", q, at::kFloat);
     if (a.dim() == 1 && a.size(0) == hq) {
       p.alibi_stride_batch = 0;
     } else {
@@ -297,12 +290,12 @@ Resolved resolve(const Tensor &q, const Tensor &k, const Tensor &v, const option
     p.alibi_slopes = a.data_ptr<float>();
     r.keep[2] = a;
   }
-  if (block_mask.has_value()) {
-    FA_VALUE_CHECK(block_size_q >= 1 && block_size_k >= 1,
+  if (o.block_mask.has_value()) {
+    FA_VALUE_CHECK(o.block_size_q >= 1 && o.block_size_k >= 1,
                    "block_mask needs block_size=(block_q, block_k), the query rows and keys "
                    "each mask entry covers (got block_size (",
-                   block_size_q, ", ", block_size_k, "))");
-    const Tensor &bm = *block_mask;
+                   o.block_size_q, ", ", o.block_size_k, "))");
+    const Tensor &bm = *o.block_mask;
     Tensor m = bm.scalar_type() == at::kBool ? bm : side_input(bm, "block_mask", q, at::kByte);
     if (m.scalar_type() == at::kBool) {
       FA_VALUE_CHECK(m.device() == q.device(), "block_mask must be on the same device as q (",
@@ -312,8 +305,8 @@ Resolved resolve(const Tensor &q, const Tensor &k, const Tensor &v, const option
     // the rows the mask must cover: the sequence length (varlen: the total, a bound)
     const int64_t nq = q.size(seq_dim(r.layout));
     const int64_t nk = k.size(seq_dim(r.layout));
-    const int64_t need_q = (nq + block_size_q - 1) / block_size_q;
-    const int64_t need_k = (nk + block_size_k - 1) / block_size_k;
+    const int64_t need_q = (nq + o.block_size_q - 1) / o.block_size_q;
+    const int64_t need_k = (nk + o.block_size_k - 1) / o.block_size_k;
     FA_VALUE_CHECK(m.dim() == 4 && (m.size(0) == 1 || m.size(0) == num_seqs) &&
                        (m.size(1) == 1 || m.size(1) == hq) && m.size(2) >= need_q &&
                        m.size(3) >= need_k,
@@ -325,15 +318,15 @@ Resolved resolve(const Tensor &q, const Tensor &k, const Tensor &v, const option
     p.block_mask = m.data_ptr<uint8_t>();
     r.keep[3] = m;
   }
-  if (seqused_k.has_value()) {
-    Tensor u = side_input(*seqused_k, "seqused_k", q, at::kInt);
+  if (o.seqused_k.has_value()) {
+    Tensor u = side_input(*o.seqused_k, "seqused_k", q, at::kInt);
     FA_VALUE_CHECK(u.dim() == 1 && u.size(0) == num_seqs,
                    "seqused_k must have shape (batch_size,) = (", num_seqs, ",), got ", u.sizes());
     p.seqused_k = u.data_ptr<int32_t>();
     r.keep[4] = u;
   }
-  if (rng_state.has_value() && dropout_p > 0) {
-    const Tensor &s = *rng_state;
+  if (o.rng_state.has_value() && o.dropout_p > 0) {
+    const Tensor &s = *o.rng_state;
     FA_VALUE_CHECK(s.is_cpu() && s.scalar_type() == at::kLong && s.numel() == 2,
                    "rng_state must be a CPU int64 tensor (seed, offset), got ", s.scalar_type(),
                    " ", s.sizes(), " on ", s.device());
@@ -422,9 +415,11 @@ Tensors3 fwd_kernel(const Tensor &q, const Tensor &k, const Tensor &v,
                     int64_t window_left, int64_t window_right, double softcap, double dropout_p,
                     const optional<Tensor> &rng_state, bool deterministic, int64_t algorithm,
                     int64_t block_size_q, int64_t block_size_k, bool bhnd) {
-  Resolved r = resolve(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask,
-                       softmax_scale, causal, window_left, window_right, softcap, dropout_p,
-                       rng_state, deterministic, algorithm, block_size_q, block_size_k, bhnd);
+  Resolved r =
+      resolve(q, k, v,
+              Options{cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask,
+                      softmax_scale, causal, window_left, window_right, softcap, dropout_p,
+                      rng_state, deterministic, algorithm, block_size_q, block_size_k, bhnd});
   DeviceScope scope(q, r.p);
   // SDPA's layout: out in (batch, seqlen, heads, headdim) memory order, so that the
   // caller's out.transpose(1, 2) is contiguous (as torch's CUDA flash SDPA returns it)
@@ -464,9 +459,11 @@ Tensors3 bwd_kernel(const Tensor &dout, const Tensor &q, const Tensor &k, const 
                     int64_t block_size_q, int64_t block_size_k, bool bhnd) {
   FA_VALUE_CHECK(dropout_p == 0 || rng_state.has_value(),
                  "the backward of dropout needs the forward's rng_state");
-  Resolved r = resolve(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask,
-                       softmax_scale, causal, window_left, window_right, softcap, dropout_p,
-                       rng_state, deterministic, algorithm, block_size_q, block_size_k, bhnd);
+  Resolved r =
+      resolve(q, k, v,
+              Options{cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask,
+                      softmax_scale, causal, window_left, window_right, softcap, dropout_p,
+                      rng_state, deterministic, algorithm, block_size_q, block_size_k, bhnd});
   check_like(out, "out", q, "q");
   // dout of a sum() is an expanded scalar (every stride 0): copied once here
   const Tensor g =

@@ -32,6 +32,19 @@ using BwdSignature = Tensors3(
     const optional<Tensor> &rng_state, bool deterministic, int64_t algorithm, int64_t block_size_q,
     int64_t block_size_k, bool bhnd);
 
+// The options both operators take after their tensors, in schema order.
+struct Options {
+  optional<Tensor> cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask;
+  optional<double> softmax_scale;
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;
+  double softcap = 0, dropout_p = 0;
+  optional<Tensor> rng_state;
+  bool deterministic = false;
+  int64_t algorithm = 0, block_size_q = 0, block_size_k = 0;
+  bool bhnd = false;
+};
+
 // The operators' handles (through the dispatcher: autograd, tracing and dispatch modes
 // all apply).
 const c10::TypedOperatorHandle<FwdSignature> &fwd_op();

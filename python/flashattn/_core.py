@@ -54,7 +54,7 @@ def resolve_scale(softmax_scale):
     return _TINY_SCALE if s == 0.0 else s
 
 
-def _int_pair(pair, name, what):
+def int_pair(pair, name, what):
     try:
         a, b = pair
         return operator.index(a), operator.index(b)
@@ -67,7 +67,7 @@ def resolve_window(window_size):
     side is unlimited. Returns (enabled, left, right)."""
     if window_size is None:
         return False, -1, -1
-    left, right = _int_pair(window_size, "window_size", "(left, right), -1 = unlimited")
+    left, right = int_pair(window_size, "window_size", "(left, right), -1 = unlimited")
     if left < 0 and right < 0:
         return False, -1, -1
     return True, (left if left >= 0 else -1), (right if right >= 0 else -1)
@@ -88,7 +88,7 @@ def resolve_algorithm(algorithm):
 def resolve_block_size(block_size):
     if block_size is None:
         return 0, 0
-    return _int_pair(block_size, "block_size", "(block_q, block_k)")
+    return int_pair(block_size, "block_size", "(block_q, block_k)")
 
 
 def make_options(softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,

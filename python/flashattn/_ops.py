@@ -10,13 +10,12 @@ Two small functions for other modules of the package (ring attention, say) call 
 without autograd: fwd() -> (out, lse) and bwd() -> (dq, dk, dv). Their signatures are
 kept stable.
 """
-import operator
 import os
 import re
 
 import torch
 
-from . import _lib
+from . import _core, _lib
 from ._lib import FlashAttnError
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -129,27 +128,13 @@ def algorithm_code(algorithm):
                      % (algorithm,))
 
 
-def _int_pair(pair, name, what):
-    try:
-        a, b = pair
-        return operator.index(a), operator.index(b)
-    except (TypeError, ValueError):
-        raise TypeError("%s must be a pair of ints %s, got %r" % (name, what, pair)) from None
-
-
 def window_bounds(window_size):
     """flash-attn's window_size=(left, right): (-1, -1) is no window, a negative side is
     unlimited. Returns (left, right) with -1 for unlimited."""
-    if window_size is None:
-        return -1, -1
-    left, right = _int_pair(window_size, "window_size", "(left, right), -1 = unlimited")
-    return (left if left >= 0 else -1), (right if right >= 0 else -1)
+    return _core.resolve_window(window_size)[1:]
 
 
-def block_sizes(block_size):
-    if block_size is None:
-        return 0, 0
-    return _int_pair(block_size, "block_size", "(block_q, block_k)")
+block_sizes = _core.resolve_block_size
 
 
 # ---- the operators ------------------------------------------------------------------
@@ -213,21 +198,13 @@ else:
     _fast_bwd = _fast_fwd
 
 
-def _call_fwd(*args):
+def _call(fast, op, args):
     # torch.compile traces the torch.ops call; eager calls take _C's entry when it can
     if not _is_compiling():
-        r = _fast_fwd(*args)
+        r = fast(*args)
         if r is not NotImplemented:
             return r
-    return _fwd(*args)
-
-
-def _call_bwd(*args):
-    if not _is_compiling():
-        r = _fast_bwd(*args)
-        if r is not NotImplemented:
-            return r
-    return _bwd(*args)
+    return op(*args)
 
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask,
@@ -241,15 +218,11 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, bloc
         left, right = window_bounds(window_size)
     bq, bk = (0, 0) if block_size is None else block_sizes(block_size)
     try:
-        args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask,
-                None if softmax_scale is None else float(softmax_scale), bool(causal), left,
-                right, float(softcap) if softcap else 0.0, float(dropout_p) if dropout_p else 0.0,
-                None, bool(deterministic), algorithm_code(algorithm), bq, bk, bhnd)
-        if not _is_compiling():
-            r = _fast_fwd(*args)
-            if r is not NotImplemented:
-                return r
-        return _fwd(*args)
+        return _call(_fast_fwd, _fwd, (
+            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask,
+            None if softmax_scale is None else float(softmax_scale), bool(causal), left, right,
+            float(softcap) if softcap else 0.0, float(dropout_p) if dropout_p else 0.0, None,
+            bool(deterministic), algorithm_code(algorithm), bq, bk, bhnd))
     except (RuntimeError, ValueError, TypeError) as e:
         _reraise(e)
 
@@ -283,11 +256,11 @@ def fwd(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), soft
     rng = _rng_state(dropout_p, dropout_seed, dropout_offset)
     try:
         with torch.no_grad():
-            out, lse, _ = _call_fwd(
+            out, lse, _ = _call(_fast_fwd, _fwd, (
                 q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask,
                 None if softmax_scale is None else float(softmax_scale), bool(causal), left,
                 right, float(softcap or 0.0), float(dropout_p or 0.0), rng, bool(deterministic),
-                algorithm_code(algorithm), bq, bk, False)
+                algorithm_code(algorithm), bq, bk, False))
     except (RuntimeError, ValueError, TypeError) as e:
         _reraise(e)
     return out, lse
@@ -308,11 +281,11 @@ def bwd(dout, q, k, v, out, lse, *, softmax_scale=None, causal=False, window_siz
     rng = _rng_state(dropout_p, dropout_seed, dropout_offset)
     try:
         with torch.no_grad():
-            return _call_bwd(
+            return _call(_fast_bwd, _bwd, (
                 dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes,
                 block_mask, None if softmax_scale is None else float(softmax_scale),
                 bool(causal), left, right, float(softcap or 0.0), float(dropout_p or 0.0), rng,
-                bool(deterministic), algorithm_code(algorithm), bq, bk, False)
+                bool(deterministic), algorithm_code(algorithm), bq, bk, False))
     except (RuntimeError, ValueError, TypeError) as e:
         _reraise(e)
 

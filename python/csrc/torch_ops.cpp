@@ -67,19 +67,13 @@ using namespace flashattn_torch;
 #define FA_VALUE_CHECK(cond, ...) TORCH_CHECK_VALUE(cond, "flashattn: ", __VA_ARGS__)
 #define FA_TYPE_CHECK(cond, ...) TORCH_CHECK_TYPE(cond, "flashattn: ", __VA_ARGS__)
 
+// "FA_ERR_UNSUPPORTED" for FA_ERR_UNSUPPORTED: the names python/flashattn/_ops.py reads back.
 const char *status_name(fa_status st) {
-  switch (st) {
-    case FA_ERR_INVALID_ARGUMENT:
-      return "FA_ERR_INVALID_ARGUMENT";
-    case FA_ERR_UNSUPPORTED:
-      return "FA_ERR_UNSUPPORTED";
-    case FA_ERR_OUT_OF_MEMORY:
-      return "FA_ERR_OUT_OF_MEMORY";
-    case FA_ERR_DEVICE:
-      return "FA_ERR_DEVICE";
-    default:
-      return "FA_ERR_INTERNAL";
-  }
+  static const char *const names[] = {
+      "FA_OK",         "FA_ERR_INVALID_ARGUMENT", "FA_ERR_UNSUPPORTED", "FA_ERR_OUT_OF_MEMORY",
+      "FA_ERR_DEVICE", "FA_ERR_INTERNAL"};
+  const unsigned i = static_cast<unsigned>(st);
+  return i < sizeof names / sizeof *names ? names[i] : "FA_ERR_INTERNAL";
 }
 
 // A failed library call: the exception type follows the status (invalid argument ->

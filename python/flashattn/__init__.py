@@ -132,7 +132,8 @@ def _cache_lengths(cache_seqlens, batch, cap, n, dev):
     if tuple(cache_seqlens.shape if host is None else host.shape) != (batch,):
         raise ValueError("cache_seqlens must have batch_size = %d entries, got shape %s"
                          % (batch, tuple((cache_seqlens if host is None else host).shape)))
-    if host is not None and ((host < 0).any() or (host > cap - n).any()):
+    # without an append the library checks the lengths (on the CPU) or clamps them (CUDA)
+    if n and host is not None and ((host < 0).any() or (host > cap - n).any()):
         raise ValueError("cache_seqlens %s%s exceed the cache's %d rows"
                          % (host.tolist(), " + %d new keys" % n if n else "", cap))
     if dev is None:  # numpy
@@ -176,6 +177,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     nheads, seqlen_q)) with return_softmax_lse. Nothing here synchronises with the GPU.
     """
     is_torch = isinstance(q, _Tensor)
+    if is_torch and k is None and v is None and isinstance(cache_seqlens, _Tensor):
+        # the decode step: the operator checks the lengths' shape and type itself
+        if cache_seqlens.device != q.device:
+            cache_seqlens = cache_seqlens.to(q.device, non_blocking=True)
+        out, lse, _ = _ops.attention(q, k_cache, v_cache, None, None, cache_seqlens,
+                                     alibi_slopes, None, softmax_scale, causal, window_size,
+                                     softcap, 0.0, False, algorithm, None)
+        return (out, lse) if return_softmax_lse else out
     if not is_torch and (_np is None or not isinstance(q, _np.ndarray)):
         raise _not_an_array(q)
     if (k is None) != (v is None):

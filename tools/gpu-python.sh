@@ -49,7 +49,7 @@ else
     echo "build failed (tail of $OUT/torch-build.log):"; tail -30 "$OUT/torch-build.log"; exit 1
   fi
   grep "flashattn: PyTorch operators" "$OUT/torch-build.log"
-  ext=$(ls build-gpu-torch/_C.*.so | head -1)
+  ext=$(ls build-gpu-torch/_C.*.so build-gpu-torch/libflashattn_ops.so 2>/dev/null | head -1)
   export FLASHATTN_LIBRARY=$lib FLASHATTN_TORCH_LIBRARY=$PWD/$ext
   export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 fi

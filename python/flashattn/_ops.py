@@ -28,22 +28,31 @@ def _base(version):
 
 
 def _import(path):
-    """The extension module flashattn._C, from the package or from path."""
+    """The operators from path, or from the package: (flashattn._C or None, the file).
+    _C is the extension module (operators and eager entry); libflashattn_ops.so, built
+    where the interpreter's headers were missing, holds the operators alone."""
     if path is None:
-        from . import _C
-        return _C
+        names = os.listdir(_HERE)
+        entry = [f for f in names if f.startswith("_C.") and f.endswith((".so", ".pyd"))]
+        if entry:
+            from . import _C
+            return _C, os.path.join(_HERE, entry[0])
+        path = os.path.join(_HERE, "libflashattn_ops.so")
+    if not os.path.basename(path).startswith("_C."):
+        torch.ops.load_library(path)
+        return None, path
     import importlib.machinery
     import importlib.util
     loader = importlib.machinery.ExtensionFileLoader(__package__ + "._C", path)
     spec = importlib.util.spec_from_file_location(__package__ + "._C", path, loader=loader)
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
-    return module
+    return module, path
 
 
 def _load():
-    """Imports the operators: (module, None), or (None, why they are missing and how to
-    get them)."""
+    """Loads the operators: (flashattn._C or None, None), or (None, why they are missing
+    and how to get them)."""
     path = os.environ.get("FLASHATTN_TORCH_LIBRARY")
     how = ("reinstall flashattn where torch is installed: `pip install --no-build-isolation "
            "--force-reinstall .` from the repository (or `pip install .`), or point "
@@ -53,8 +62,8 @@ def _load():
             from . import _build
         except ImportError:
             _build = None
-        if not any(f.startswith("_C.") and f.endswith((".so", ".pyd"))
-                   for f in os.listdir(_HERE)):
+        if not any((f.startswith("_C.") and f.endswith((".so", ".pyd")))
+                   or f == "libflashattn_ops.so" for f in os.listdir(_HERE)):
             why = getattr(_build, "TORCH_MISSING", "") or "no _C extension in %s" % _HERE
             return None, ("flashattn was installed without its PyTorch operators (%s); %s"
                           % (why, how))
@@ -63,14 +72,18 @@ def _load():
             return None, ("flashattn's PyTorch operators were built against torch %s, but "
                           "this is torch %s; %s" % (built, torch.__version__, how))
     try:
-        return _import(path), None
-    except (ImportError, OSError) as e:
+        return _import(path)[0], None
+    except (ImportError, OSError, RuntimeError) as e:
         return None, ("flashattn cannot load its PyTorch operators (%s): %s; %s"
                       % (path or "flashattn._C", e, how))
 
 
 _C, MISSING = _load()
 AVAILABLE = MISSING is None
+
+
+def _not_taken(*args):
+    return NotImplemented
 
 
 def _unavailable(*args, **kwargs):
@@ -142,8 +155,9 @@ block_sizes = _core.resolve_block_size
 if AVAILABLE:
     _fwd = torch.ops.flashattn.fwd.default
     _bwd = torch.ops.flashattn.bwd.default
-    _fast_fwd = _C.fwd
-    _fast_bwd = _C.bwd
+    # without the eager entry (built without Python.h) every call goes through torch.ops
+    _fast_fwd = _C.fwd if _C is not None else _not_taken
+    _fast_bwd = _C.bwd if _C is not None else _not_taken
     _compiler = getattr(torch, "compiler", None)
     _is_compiling = getattr(_compiler, "is_compiling", None) or torch._dynamo.is_compiling
 
@@ -192,10 +206,7 @@ else:
     def _is_compiling():
         return False
 
-    def _fast_fwd(*args):
-        return NotImplemented
-
-    _fast_bwd = _fast_fwd
+    _fast_fwd = _fast_bwd = _not_taken
 
 
 def _call(fast, op, args):

@@ -354,3 +354,12 @@ def test_numpy_works_and_torch_is_told_without_operators(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_forward_mode_ad_is_refused_clearly():
+    import torch.autograd.forward_ad as fwAD
+    q, k, v = _qkv(grad=False)
+    with fwAD.dual_level():
+        dq = fwAD.make_dual(q, torch.randn_like(q))
+        with pytest.raises(NotImplementedError, match="forward-mode AD"):
+            flashattn.flash_attn_func(dq, k, v)

@@ -9,16 +9,17 @@
 # --no-build-isolation . into build-gpu/pip-target: the CUDA backend built again by
 # pip, sm_90 only) and tests that. Logs and JSON go to $OUT (the device tool's output
 # folder) or build-gpu/out.
-# Usage: tools/gpu-python.sh [--pip] [--no-bench] [--no-example] [--steps N]
+# Usage: tools/gpu-python.sh [--pip] [--no-test] [--no-bench] [--no-example] [--steps N]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/build-gpu/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-example=1 bench=1 pip=0 steps=300
+example=1 bench=1 test=1 pip=0 steps=300
 while [ $# -gt 0 ]; do
   case "$1" in
     --pip) pip=1 ;;
+    --no-test) test=0 ;;
     --no-bench) bench=0 ;;
     --no-example) example=0 ;;
     --steps) steps=$2; shift ;;
@@ -57,10 +58,12 @@ fi
 'operators %s, CUDA %s' % (flashattn.torch_ops_available(), flashattn.cuda_available()); \
 print('flashattn', flashattn.version(), 'from', flashattn.__file__)" || exit 1
 
-echo "== pytest python/tests"
-"$py" -m pytest python/tests -q -p no:cacheprovider >"$OUT/pytest.log" 2>&1 || status=1
-tail -3 "$OUT/pytest.log"
-grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
+if [ $test = 1 ]; then
+  echo "== pytest python/tests"
+  "$py" -m pytest python/tests -q -p no:cacheprovider >"$OUT/pytest.log" 2>&1 || status=1
+  tail -3 "$OUT/pytest.log"
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
+fi
 
 if [ $bench = 1 ]; then
   echo "== tools/bench_overhead.py (host and whole-call µs per call)"

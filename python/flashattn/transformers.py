@@ -68,12 +68,12 @@ def padding_mask(batch_size, q_length=None, kv_length=None, q_offset=0, kv_offse
             return None
         return attention_mask.bool()
     from transformers.masking_utils import sdpa_mask
-    kwargs.pop("allow_is_causal_skip", None)
-    kwargs.pop("allow_is_bidirectional_skip", None)
-    return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length,
-                     q_offset=q_offset, kv_offset=kv_offset, mask_function=mask_function,
-                     attention_mask=attention_mask, allow_is_causal_skip=False,
-                     allow_is_bidirectional_skip=False, **kwargs)
+    kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
+    if q_length is not None:  # older releases pass cache_position (in kwargs) instead
+        kwargs["q_length"] = q_length
+    return sdpa_mask(batch_size=batch_size, kv_length=kv_length, q_offset=q_offset,
+                     kv_offset=kv_offset, mask_function=mask_function,
+                     attention_mask=attention_mask, **kwargs)
 
 
 # ---- the attention ------------------------------------------------------------------

@@ -288,9 +288,14 @@ def main():
                           n, name, a["step_ms"] / b["step_ms"], a["peak_mb"] / b["peak_mb"],
                           tail_mean(a) - tail_mean(b), diff))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": {k: v for k, v in vars(args).items() if k != "_child"},
-                       "results": results}, f, indent=1)
+        write_json(args.json, args, results)
+
+
+def write_json(path, args, results):
+    """The run's arguments (less the internal ones) and results."""
+    with open(path, "w") as f:
+        json.dump({"args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+                   "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -137,7 +137,9 @@ fi
 
 # ---- Python package: pip install . into a venv, then pytest python/tests ------------
 # torch comes from PyPI (its Linux wheel is the CUDA build: ~3 GB of downloads, ~5.4 GB
-# installed, 1.5 minutes cold; pip's cache in ~/.cache/pip makes reruns fast). The
+# installed, 1.5 minutes cold; pip's cache in ~/.cache/pip makes reruns fast), with
+# transformers for the integration tests. `pip install .` builds the compiled PyTorch
+# operators against that torch (FLASHATTN_TORCH=ON: a build that misses them fails). The
 # wheel gets the CUDA backend only where a GPU is visible (pyproject's FLASHATTN_CUDA=AUTO);
 # set FLASHATTN_PY_CUDA=AUTO|ON|OFF to choose.
 python_env() {
@@ -150,8 +152,9 @@ python_env() {
       python3 -m venv "$venv" || return 1
     fi
   fi
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy pytest ml_dtypes torch &&
-    SKBUILD_CMAKE_DEFINE="FLASHATTN_CUDA=${FLASHATTN_PY_CUDA:-AUTO}" \
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy pytest ml_dtypes torch \
+    transformers &&
+    SKBUILD_CMAKE_DEFINE="FLASHATTN_CUDA=${FLASHATTN_PY_CUDA:-AUTO};FLASHATTN_TORCH=ON" \
       "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps .
 }
 if [ "$python" = 1 ]; then

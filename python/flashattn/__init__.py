@@ -1,8 +1,9 @@
 """flashattn: FlashAttention (exact, tiled, O(N) extra memory) from a C library with a
-CPU and a CUDA backend, called through ctypes.
+CPU and a CUDA backend.
 
 The functions mirror flash-attn 2's public API and take torch tensors (CPU or CUDA,
-differentiable, torch.compile-friendly custom ops) or numpy arrays (CPU, forward; see
+differentiable, through the compiled operators flashattn::fwd / flashattn::bwd, which
+torch.compile keeps as one graph node each) or numpy arrays (CPU, through ctypes; see
 flashattn.numpy for the backward):
 
     out = flashattn.flash_attn_func(q, k, v, causal=True)       # q: (B, N, H, D)
@@ -10,12 +11,12 @@ flashattn.numpy for the backward):
 
 Extra keyword-only options: algorithm="flash2" | "flash1" | "standard" (the last also
 takes float64 on the CPU: the oracle, and what torch.autograd.gradcheck runs through),
-and block_mask/block_size (block-sparse attention; like dropout, implemented by
-every algorithm on the CPU so far, docs/DROPOUT.md).
+and block_mask/block_size (block-sparse attention, docs/DROPOUT.md for dropout).
+flashattn.transformers registers the attention with Hugging Face transformers.
 """
 from . import _core, _lib
-from ._lib import (Algorithm, DType, Device, FlashAttnError, Status, device_available,
-                   version)
+from ._lib import (Algorithm, DType, Device, FlashAttnError, InvalidArgumentError, Status,
+                   UnsupportedError, device_available, version)
 
 __version__ = "0.1.0"
 
@@ -23,9 +24,13 @@ try:
     import torch as _torch_pkg
 except ImportError:  # numpy-only use
     _torch_pkg = None
-    _torch = None
+    _ops = None
+
+    class _Tensor:  # isinstance(x, _Tensor) is never true
+        pass
 else:
-    from . import _torch
+    from . import _ops
+    _Tensor = _torch_pkg.Tensor
 
 try:
     from . import numpy  # noqa: F401  (flashattn.numpy)
@@ -38,9 +43,10 @@ __all__ = [
     "flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
     "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
     "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache",
-    "scaled_dot_product_attention", "backward",
-    "FlashAttnError", "Status", "DType", "Device", "Algorithm", "version",
-    "device_available", "cuda_available", "LIBRARY_PATH",
+    "scaled_dot_product_attention", "backward", "dropout_mask",
+    "FlashAttnError", "InvalidArgumentError", "UnsupportedError", "Status", "DType", "Device",
+    "Algorithm", "version", "device_available", "cuda_available", "torch_ops_available",
+    "LIBRARY_PATH",
 ]
 
 LIBRARY_PATH = _lib.LIBRARY_PATH
@@ -51,26 +57,26 @@ def cuda_available():
     return device_available("cuda")
 
 
-def _kind(x):
-    if _torch_pkg is not None and isinstance(x, _torch_pkg.Tensor):
-        return "torch"
-    if _np is not None and isinstance(x, _np.ndarray):
-        return "numpy"
-    raise TypeError("flashattn takes torch.Tensor or numpy.ndarray inputs, got %s"
-                    % type(x).__name__)
+def torch_ops_available():
+    """True if the compiled PyTorch operators are loaded (else torch tensors raise, saying
+    how to get them; numpy arrays work either way)."""
+    return _ops is not None and _ops.AVAILABLE
 
 
-def _options(dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
-             algorithm, block_size):
-    return _core.make_options(softmax_scale, causal, window_size, softcap, dropout_p,
+def _not_an_array(x):
+    kinds = "torch.Tensor or numpy.ndarray" if _torch_pkg is not None else "numpy.ndarray"
+    return TypeError("flashattn takes %s inputs, got %s" % (kinds, type(x).__name__))
+
+
+def _numpy_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask, dropout_p,
+                   softmax_scale, causal, window_size, softcap, deterministic, algorithm,
+                   block_size, seqused_k=None):
+    if _np is None or not isinstance(q, _np.ndarray):
+        raise _not_an_array(q)
+    opts = _core.make_options(softmax_scale, causal, window_size, softcap, dropout_p,
                               deterministic, algorithm, block_size)
-
-
-def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask, opts):
-    if _kind(q) == "torch":
-        return _torch.call(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask, opts)
     return _core.forward(_NumpyAdapter, q, k, v, opts, cu_seqlens_q, cu_seqlens_k,
-                         alibi_slopes, block_mask)
+                         alibi_slopes, block_mask, None, seqused_k)
 
 
 def dropout_mask(dropout_p, seed, offset, nheads, seqlen_q, seqlen_k, batch=1):
@@ -81,11 +87,6 @@ def dropout_mask(dropout_p, seed, offset, nheads, seqlen_q, seqlen_k, batch=1):
     return np.frombuffer(raw, dtype=np.uint8).reshape(batch, nheads, seqlen_q, seqlen_k).copy()
 
 
-def _result(out, lse, return_attn_probs):
-    # flash-attn returns (out, softmax_lse, S_dmask); we never materialise P.
-    return (out, lse, None) if return_attn_probs else out
-
-
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_attn_probs=False, block_mask=None, *, block_size=None,
@@ -94,75 +95,126 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim),
     nheads a multiple of nheads_k (GQA/MQA). causal is aligned to the bottom-right
-    corner; window_size=(left, right), -1 = unlimited; softcap > 0 caps logits;
-    alibi_slopes: float32 (nheads,) or (batch, nheads). Returns out (like q), or
-    (out, softmax_lse (batch, nheads, seqlen_q) float32, None) with return_attn_probs.
+    corner; window_size=(left, right) ints, -1 = unlimited; softcap > 0 caps logits;
+    alibi_slopes: float32 (nheads,) or (batch, nheads); block_mask: uint8 or bool
+    (batch or 1, nheads or 1, query blocks, key blocks) with block_size=(block_q,
+    block_k). Returns out (like q), or (out, softmax_lse (batch, nheads, seqlen_q)
+    float32, None) with return_attn_probs.
     """
-    opts = _options(dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
-                    algorithm, block_size)
-    out, lse = _attention(q, k, v, None, None, alibi_slopes, block_mask, opts)
-    return _result(out, lse, return_attn_probs)
+    if isinstance(q, _Tensor):
+        out, lse, _ = _ops.attention(q, k, v, None, None, None, alibi_slopes, block_mask,
+                                     softmax_scale, causal, window_size, softcap, dropout_p,
+                                     deterministic, algorithm, block_size)
+    else:
+        out, lse = _numpy_forward(q, k, v, None, None, alibi_slopes, block_mask, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, deterministic,
+                                  algorithm, block_size)
+    # flash-attn returns (out, softmax_lse, S_dmask); we never materialise P.
+    return (out, lse, None) if return_attn_probs else out
+
+
+def _cache_lengths(cache_seqlens, batch, cap, n, dev):
+    """cache_seqlens as the int32 tensor (numpy: array) the op reads, or None for the
+    whole cache. Values known on the host are checked here (with n new keys to append);
+    a device tensor is read by the device alone."""
+    if cache_seqlens is None:
+        if n:
+            raise ValueError("k and v need cache_seqlens (the rows to write them at)")
+        return None
+    if isinstance(cache_seqlens, int):
+        if n == 0 and cache_seqlens == cap:
+            return None
+        cache_seqlens = [cache_seqlens] * batch
+    if isinstance(cache_seqlens, _Tensor):
+        host = cache_seqlens if cache_seqlens.device.type == "cpu" else None
+    else:
+        host = _np.asarray(cache_seqlens) if _np is not None else None
+    if tuple(cache_seqlens.shape if host is None else host.shape) != (batch,):
+        raise ValueError("cache_seqlens must have batch_size = %d entries, got shape %s"
+                         % (batch, tuple((cache_seqlens if host is None else host).shape)))
+    # without an append the library checks the lengths (on the CPU) or clamps them (CUDA)
+    if n and host is not None and ((host < 0).any() or (host > cap - n).any()):
+        raise ValueError("cache_seqlens %s%s exceed the cache's %d rows"
+                         % (host.tolist(), " + %d new keys" % n if n else "", cap))
+    if dev is None:  # numpy
+        return _np.asarray(cache_seqlens, dtype=_np.int32)
+    if isinstance(cache_seqlens, _Tensor):
+        return cache_seqlens.to(dev, non_blocking=True) if cache_seqlens.device != dev \
+            else cache_seqlens
+    return _torch_pkg.tensor(cache_seqlens, dtype=_torch_pkg.int32, device=dev)
+
+
+def _append(cache, new, used, name):
+    """Writes new (batch, n, heads_k, headdim) into cache rows used[b]... of each
+    sequence, in place, without reading device memory on the host."""
+    b, n = new.shape[0], new.shape[1]
+    if cache.shape[0] != b or tuple(cache.shape[2:]) != tuple(new.shape[2:]):
+        raise ValueError("%s must have shape (batch, seqlen_new, nheads_k, headdim) = "
+                         "(%d, n, %s), got %s" % (name, cache.shape[0],
+                                                  ", ".join(map(str, cache.shape[2:])),
+                                                  tuple(new.shape)))
+    if isinstance(cache, _Tensor):
+        rows = used.view(b, 1).long() + _torch_pkg.arange(n, device=cache.device)
+        cache[_torch_pkg.arange(b, device=cache.device).view(b, 1), rows] = new
+    else:
+        for i in range(b):
+            cache[i, used[i]:used[i] + n] = new[i]
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             alibi_slopes=None, return_softmax_lse=False, *, algorithm="flash2"):
-    """Attention against a KV cache, for inference (no gradient).
+    """Attention against a KV cache, for inference.
 
     q: (batch, seqlen_q, nheads, headdim); k_cache, v_cache: (batch, seqlen_cache,
-    nheads_k, headdim), of which sequence b uses its first cache_seqlens[b] keys
-    (an int, or an int32 array/tensor (batch,); None: the whole cache). k, v: optional
-    (batch, seqlen_new, nheads_k, headdim), written into the caches in place at rows
-    cache_seqlens[b]... first, and attended to as well. Keys past the used ones are
-    never read. causal aligns the last query row with the last used key. Returns out
-    (like q), or (out, softmax_lse (batch, nheads, seqlen_q)) with return_softmax_lse.
-    The CPU backend runs it; the CUDA backend does not take used lengths yet
-    (FlashAttnError, FA_ERR_UNSUPPORTED).
+    nheads_k, headdim), of which sequence b uses its first cache_seqlens[b] keys (an
+    int, a list, or an int32 tensor/array (batch,) on any device; None: the whole
+    cache). k, v: optional (batch, seqlen_new, nheads_k, headdim), written into the
+    caches in place at rows cache_seqlens[b]... first, and attended to as well (with a
+    CUDA cache_seqlens tensor the row bounds are checked on the device, as torch
+    indexing does). Keys past the used ones are never read. causal aligns the last query
+    row with the last used key. Returns out (like q), or (out, softmax_lse (batch,
+    nheads, seqlen_q)) with return_softmax_lse. Nothing here synchronises with the GPU.
     """
-    kind = _kind(q)
-    B, cap = q.shape[0], k_cache.shape[1]
-    if cache_seqlens is None:
-        used = [cap] * B
-    elif isinstance(cache_seqlens, int):
-        used = [cache_seqlens] * B
-    else:
-        used = [int(x) for x in (cache_seqlens.tolist() if hasattr(cache_seqlens, "tolist")
-                                 else cache_seqlens)]
-    if len(used) != B:
-        raise ValueError("cache_seqlens must have batch_size = %d entries, got %d"
-                         % (B, len(used)))
+    is_torch = isinstance(q, _Tensor)
+    if is_torch and k is None and v is None and isinstance(cache_seqlens, _Tensor):
+        # the decode step: the operator checks the lengths' shape and type itself
+        if cache_seqlens.device != q.device:
+            cache_seqlens = cache_seqlens.to(q.device, non_blocking=True)
+        out, lse, _ = _ops.attention(q, k_cache, v_cache, None, None, cache_seqlens,
+                                     alibi_slopes, None, softmax_scale, causal, window_size,
+                                     softcap, 0.0, False, algorithm, None)
+        return (out, lse) if return_softmax_lse else out
+    if not is_torch and (_np is None or not isinstance(q, _np.ndarray)):
+        raise _not_an_array(q)
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together")
-    if k is not None:
-        n = k.shape[1]
-        for b in range(B):
-            if not 0 <= used[b] <= cap - n:
-                raise ValueError("cache row %d: %d used + %d new keys exceed the cache's %d"
-                                 % (b, used[b], n, cap))
-            k_cache[b, used[b]:used[b] + n] = k[b]
-            v_cache[b, used[b]:used[b] + n] = v[b]
-        used = [u + n for u in used]
-    opts = _options(0.0, softmax_scale, causal, window_size, softcap, False, algorithm, None)
-    if kind == "torch":
-        A, dev = _torch.A, q.device
-        seqused = _torch_pkg.tensor(used, dtype=_torch_pkg.int32, device=dev)
-        stream, threads = _torch._stream_and_threads(q)
-        opts.num_threads = threads
-        with _torch_pkg.no_grad():
-            out, lse = _core.forward(A, q, k_cache, v_cache, opts, None, None, alibi_slopes,
-                                     None, stream, seqused)
+    batch, cap = q.shape[0], k_cache.shape[1]
+    n = 0 if k is None else k.shape[1]
+    used = _cache_lengths(cache_seqlens, batch, cap, n, q.device if is_torch else None)
+    if n:
+        _append(k_cache, k, used, "k")
+        _append(v_cache, v, used, "v")
+        used = used + n
+    if is_torch:
+        out, lse, _ = _ops.attention(q, k_cache, v_cache, None, None, used, alibi_slopes, None,
+                                     softmax_scale, causal, window_size, softcap, 0.0, False,
+                                     algorithm, None)
     else:
-        seqused = _np.asarray(used, dtype=_np.int32)
-        out, lse = _core.forward(_NumpyAdapter, q, k_cache, v_cache, opts, None, None,
-                                 alibi_slopes, None, None, seqused)
+        out, lse = _numpy_forward(q, k_cache, v_cache, None, None, alibi_slopes, None, 0.0,
+                                  softmax_scale, causal, window_size, softcap, False, algorithm,
+                                  None, used)
     return (out, lse) if return_softmax_lse else out
 
 
-def _unbind(x, n, axis, name, layout):
-    _kind(x)
-    if len(x.shape) <= axis or x.shape[axis] != n:
+def _unpack(x, n, axis, name, layout):
+    if len(x.shape) != axis + 3 or x.shape[axis] != n:
         raise ValueError("%s must have shape %s, got %s" % (name, layout, tuple(x.shape)))
-    return tuple(x[(slice(None),) * axis + (i,)] for i in range(n))
+    if isinstance(x, _Tensor):
+        return x.unbind(axis)  # one view op (and one gradient buffer) for all of them
+    if _np is not None and isinstance(x, _np.ndarray):
+        return tuple(x[(slice(None),) * axis + (i,)] for i in range(n))
+    raise _not_an_array(x)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -170,10 +222,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
                               deterministic=False, return_attn_probs=False, block_mask=None,
                               *, block_size=None, algorithm="flash2"):
     """qkv: (batch, seqlen, 3, nheads, headdim); q, k, v are read in place (strides)."""
-    if len(qkv.shape) != 5:
-        raise ValueError("qkv must have shape (batch, seqlen, 3, nheads, headdim), got %s"
-                         % (tuple(qkv.shape),))
-    q, k, v = _unbind(qkv, 3, 2, "qkv", "(batch, seqlen, 3, nheads, headdim)")
+    q, k, v = _unpack(qkv, 3, 2, "qkv", "(batch, seqlen, 3, nheads, headdim)")
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                            alibi_slopes, deterministic, return_attn_probs, block_mask,
                            block_size=block_size, algorithm=algorithm)
@@ -184,17 +233,14 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
                              deterministic=False, return_attn_probs=False, block_mask=None,
                              *, block_size=None, algorithm="flash2"):
     """q: (batch, seqlen_q, nheads, headdim); kv: (batch, seqlen_k, 2, nheads_k, headdim)."""
-    if len(kv.shape) != 5:
-        raise ValueError("kv must have shape (batch, seqlen_k, 2, nheads_k, headdim), got %s"
-                         % (tuple(kv.shape),))
-    k, v = _unbind(kv, 2, 2, "kv", "(batch, seqlen_k, 2, nheads_k, headdim)")
+    k, v = _unpack(kv, 2, 2, "kv", "(batch, seqlen_k, 2, nheads_k, headdim)")
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                            alibi_slopes, deterministic, return_attn_probs, block_mask,
                            block_size=block_size, algorithm=algorithm)
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           dropout_p=0.0, softmax_scale=None, causal=False,
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
+                           max_seqlen_k=None, dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None,
                            block_mask=None, *, block_size=None, algorithm="flash2"):
@@ -206,39 +252,38 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         raise NotImplementedError("block_table (paged KV cache) is not supported by flashattn")
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError("flash_attn_varlen_func needs cu_seqlens_q and cu_seqlens_k")
-    opts = _options(dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
-                    algorithm, block_size)
-    out, lse = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask, opts)
-    return _result(out, lse, return_attn_probs)
+    if isinstance(q, _Tensor):
+        out, lse, _ = _ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, None, alibi_slopes,
+                                     block_mask, softmax_scale, causal, window_size, softcap,
+                                     dropout_p, deterministic, algorithm, block_size)
+    else:
+        out, lse = _numpy_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask,
+                                  dropout_p, softmax_scale, causal, window_size, softcap,
+                                  deterministic, algorithm, block_size)
+    return (out, lse, None) if return_attn_probs else out
 
 
-def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen=None, dropout_p=0.0,
                                      softmax_scale=None, causal=False, window_size=(-1, -1),
                                      softcap=0.0, alibi_slopes=None, deterministic=False,
                                      return_attn_probs=False, block_mask=None, *,
                                      block_size=None, algorithm="flash2"):
     """qkv: (total, 3, nheads, headdim); cu_seqlens: int32 (batch + 1,)."""
-    if len(qkv.shape) != 4:
-        raise ValueError("qkv must have shape (total, 3, nheads, headdim), got %s"
-                         % (tuple(qkv.shape),))
-    q, k, v = _unbind(qkv, 3, 1, "qkv", "(total, 3, nheads, headdim)")
+    q, k, v = _unpack(qkv, 3, 1, "qkv", "(total, 3, nheads, headdim)")
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                   dropout_p, softmax_scale, causal, window_size, softcap,
                                   alibi_slopes, deterministic, return_attn_probs, None,
                                   block_mask, block_size=block_size, algorithm=algorithm)
 
 
-def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                    max_seqlen_k, dropout_p=0.0, softmax_scale=None,
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
+                                    max_seqlen_k=None, dropout_p=0.0, softmax_scale=None,
                                     causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=False,
                                     return_attn_probs=False, block_mask=None, *,
                                     block_size=None, algorithm="flash2"):
     """q: (total_q, nheads, headdim); kv: (total_k, 2, nheads_k, headdim)."""
-    if len(kv.shape) != 4:
-        raise ValueError("kv must have shape (total_k, 2, nheads_k, headdim), got %s"
-                         % (tuple(kv.shape),))
-    k, v = _unbind(kv, 2, 1, "kv", "(total_k, 2, nheads_k, headdim)")
+    k, v = _unpack(kv, 2, 1, "kv", "(total_k, 2, nheads_k, headdim)")
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
                                   softcap, alibi_slopes, deterministic, return_attn_probs,
@@ -257,50 +302,63 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         raise NotImplementedError(
             "flashattn.scaled_dot_product_attention: attn_mask is not supported; use "
             "is_causal, or flash_attn_func's window_size / alibi_slopes / softcap")
-    _kind(query)
-    nd = len(query.shape)
-    if nd not in (3, 4) or len(key.shape) != nd or len(value.shape) != nd:
-        raise ValueError("query, key and value must all be (batch, heads, seqlen, headdim) "
-                         "or (heads, seqlen, headdim); got shapes %s, %s, %s"
-                         % (tuple(query.shape), tuple(key.shape), tuple(value.shape)))
-    if nd == 3:
-        query, key, value = query[None], key[None], value[None]
-    hq, hk = query.shape[1], key.shape[1]
-    if hq != hk and not enable_gqa:
+    nd = query.ndim
+    if nd != 4:
+        if nd != 3 or key.ndim != 3 or value.ndim != 3:
+            raise ValueError("query, key and value must all be (batch, heads, seqlen, headdim) "
+                             "or (heads, seqlen, headdim); got shapes %s, %s, %s"
+                             % (tuple(query.shape), tuple(key.shape), tuple(value.shape)))
+        return scaled_dot_product_attention(query[None], key[None], value[None], None,
+                                            dropout_p, is_causal, scale, enable_gqa,
+                                            algorithm=algorithm)[0]
+    if not enable_gqa and key.ndim == 4 and query.shape[1] != key.shape[1]:
         raise ValueError("query has %d heads and key %d: pass enable_gqa=True for grouped-"
-                         "query attention" % (hq, hk))
-    q, k, v = (x.swapaxes(1, 2) for x in (query, key, value))  # (B, N, H, D) views
-    nq, nk = q.shape[1], k.shape[1]
+                         "query attention" % (query.shape[1], key.shape[1]))
     window = (-1, -1)
-    causal = False
     if is_causal:
-        # torch aligns the causal mask top-left: row i sees keys j <= i.
-        if nk > nq:  # keys past nq are never seen: drop them, then both corners agree
-            k, v = k[:, :nq], v[:, :nq]
-            causal = True
-        elif nk == nq:
-            causal = True
-        else:  # bottom-right window shifted up by nq - nk: j <= i + nk - nq + (nq - nk)
-            window = (-1, nq - nk)
-    opts = _options(dropout_p, scale, causal, window, 0.0, False, algorithm, None)
-    out, _ = _attention(q, k, v, None, None, None, None, opts)
-    out = out.swapaxes(1, 2)
-    return out[0] if nd == 3 else out
+        # torch aligns the causal mask top-left (row i sees keys j <= i), the library
+        # bottom-right: equal when nq == nk
+        nq, nk = query.shape[2], key.shape[2]
+        if nk > nq:  # keys past nq are never seen: drop them
+            key, value = key[:, :, :nq], value[:, :, :nq]
+        elif nk < nq:  # the bottom-right window shifted up by nq - nk
+            window, is_causal = (-1, nq - nk), False
+    if isinstance(query, _Tensor):
+        return _ops.attention(query, key, value, None, None, None, None, None, scale, is_causal,
+                              window, 0.0, dropout_p, False, algorithm, None, True)[0]
+    q, k, v = query.swapaxes(1, 2), key.swapaxes(1, 2), value.swapaxes(1, 2)  # (B, N, H, D)
+    out, _ = _numpy_forward(q, k, v, None, None, None, None, dropout_p, scale, is_causal, window,
+                            0.0, False, algorithm, None)
+    return out.swapaxes(1, 2)
 
 
 def backward(dout, q, k, v, out, lse, dropout_p=0.0, softmax_scale=None, causal=False,
              window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
              block_mask=None, *, cu_seqlens_q=None, cu_seqlens_k=None, block_size=None,
-             algorithm="flash2"):
+             algorithm="flash2", dropout_seed=None, dropout_offset=0):
     """Gradients (dq, dk, dv) from dout and the forward's out and softmax_lse, without
-    autograd (numpy arrays, or torch tensors). Pass the forward's options again."""
-    opts = _options(dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
-                    algorithm, block_size)
-    if _kind(q) == "torch":
-        with _torch_pkg.no_grad():
-            return _torch.backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                   alibi_slopes, block_mask, opts)
+    autograd (numpy arrays, or torch tensors). Pass the forward's options again; with
+    dropout, the seed and offset of its mask (as flashattn.numpy.forward and
+    flashattn._ops.fwd take them)."""
+    if isinstance(q, _Tensor):
+        for name, t in (("dout", dout), ("out", out), ("lse", lse)):
+            if not isinstance(t, _Tensor):
+                raise TypeError("%s must be a torch.Tensor like q, got %s"
+                                % (name, type(t).__name__))
+            if t.device != q.device:
+                raise ValueError("%s must be on q's device (%s), got %s"
+                                 % (name, q.device, t.device))
+        return _ops.bwd(dout, q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal,
+                        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                        dropout_p=dropout_p, dropout_seed=dropout_seed,
+                        dropout_offset=dropout_offset, cu_seqlens_q=cu_seqlens_q,
+                        cu_seqlens_k=cu_seqlens_k, block_mask=block_mask,
+                        block_size=block_size, deterministic=deterministic,
+                        algorithm=algorithm)
+    if _np is None or not isinstance(q, _np.ndarray):
+        raise _not_an_array(q)
     return numpy.backward(dout, q, k, v, out, lse, dropout_p, softmax_scale, causal,
                           window_size, softcap, alibi_slopes, deterministic, block_mask,
                           cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                          block_size=block_size, algorithm=algorithm)
+                          block_size=block_size, algorithm=algorithm,
+                          dropout_seed=dropout_seed or 0, dropout_offset=dropout_offset)

@@ -1,10 +1,11 @@
-"""Framework-neutral forward/backward: argument checks, descriptors, params.
+"""The ctypes path (numpy arrays): argument checks, descriptors, params.
 
-An adapter (numpy's in flashattn/numpy.py, torch's in flashattn/_torch.py) says how
-to read an array's pointer, dtype, strides and device and how to allocate; this
-module does everything else the same way for both.
+An adapter (numpy's in flashattn/numpy.py) says how to read an array's pointer, dtype,
+strides and device and how to allocate; this module does the rest. torch tensors go
+through the compiled operators instead (flashattn/_ops.py).
 """
 import math
+import operator
 
 from . import _lib
 from ._lib import Algorithm, Device, DType
@@ -53,17 +54,20 @@ def resolve_scale(softmax_scale):
     return _TINY_SCALE if s == 0.0 else s
 
 
+def int_pair(pair, name, what):
+    try:
+        a, b = pair
+        return operator.index(a), operator.index(b)
+    except (TypeError, ValueError):
+        raise TypeError("%s must be a pair of ints %s, got %r" % (name, what, pair)) from None
+
+
 def resolve_window(window_size):
     """flash-attn's window_size=(left, right): (-1, -1) is no window; a negative
     side is unlimited. Returns (enabled, left, right)."""
     if window_size is None:
         return False, -1, -1
-    try:
-        left, right = window_size
-        left, right = int(left), int(right)
-    except (TypeError, ValueError):
-        raise ValueError("window_size must be a pair of ints (left, right), got %r"
-                         % (window_size,)) from None
+    left, right = int_pair(window_size, "window_size", "(left, right), -1 = unlimited")
     if left < 0 and right < 0:
         return False, -1, -1
     return True, (left if left >= 0 else -1), (right if right >= 0 else -1)
@@ -84,12 +88,7 @@ def resolve_algorithm(algorithm):
 def resolve_block_size(block_size):
     if block_size is None:
         return 0, 0
-    try:
-        bq, bk = block_size
-        return int(bq), int(bk)
-    except (TypeError, ValueError):
-        raise ValueError("block_size must be a pair of ints (block_q, block_k), got %r"
-                         % (block_size,)) from None
+    return int_pair(block_size, "block_size", "(block_q, block_k)")
 
 
 def make_options(softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -143,9 +142,9 @@ def check_qkv(A, q, k, v, varlen):
         if A.device(x) != dev:
             raise ValueError("q, k and v must be on the same device (q is on %s, %s is on %s)"
                              % (A.device_name(q), name, A.device_name(x)))
-    _check_strides(A.strides(q), qs, "q")
-    _check_strides(A.strides(k), ks, "k")
-    _check_strides(A.strides(v), vs, "v")
+    _check_strides(A.strides(q), qs, "q", A.contiguous_hint)
+    _check_strides(A.strides(k), ks, "k", A.contiguous_hint)
+    _check_strides(A.strides(v), vs, "v", A.contiguous_hint)
     if tuple(ks) != tuple(vs):
         raise ValueError("k and v must have the same shape (k %s, v %s)"
                          % (tuple(ks), tuple(vs)))
@@ -160,14 +159,14 @@ def check_qkv(A, q, k, v, varlen):
     return dt, dev
 
 
-def _check_strides(st, shape, name):
+def _check_strides(st, shape, name, hint):
     if shape[-1] > 1 and st[-1] != 1:
         raise ValueError("%s: the last dimension (headdim) must be contiguous (stride 1), "
-                         "got strides %s; call .contiguous() first" % (name, tuple(st)))
+                         "got strides %s; pass %s" % (name, tuple(st), hint % name))
     for s in st:
         if s < 0:
-            raise ValueError("%s: negative strides are not supported (strides %s); make a "
-                             "contiguous copy first" % (name, tuple(st)))
+            raise ValueError("%s: negative strides are not supported (strides %s); pass %s"
+                             % (name, tuple(st), hint % name))
 
 
 def check_like(A, x, name, ref, ref_name):
@@ -183,7 +182,7 @@ def check_like(A, x, name, ref, ref_name):
     if A.device(x) != A.device(ref):
         raise ValueError("%s must be on the device of %s (%s), got %s"
                          % (name, ref_name, A.device_name(ref), A.device_name(x)))
-    _check_strides(A.strides(x), xs, name)
+    _check_strides(A.strides(x), xs, name, A.contiguous_hint)
 
 
 def _aux(A, x, name, dev, kind):
@@ -271,7 +270,11 @@ def _prepare(A, q, k, v, opts, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_m
         m = _aux(A, block_mask, "block_mask", dev, "uint8")
         sh = tuple(A.shape(m))
         hq = qs[-2]
-        bq, bk = max(1, opts.block_size_q), max(1, opts.block_size_k)
+        bq, bk = opts.block_size_q, opts.block_size_k
+        if bq < 1 or bk < 1:
+            raise ValueError("block_mask needs block_size=(block_q, block_k), the query rows "
+                             "and keys each mask entry covers (got block_size (%d, %d))"
+                             % (bq, bk))
         # rows the mask must cover: the sequence length (varlen: the total, a bound)
         nq = qs[0] if varlen else qs[1]
         nk = A.shape(k)[0] if varlen else A.shape(k)[1]

@@ -109,9 +109,17 @@ class FlashAttnError(RuntimeError):
 
     Attributes: status (a Status), status_name ("FA_ERR_UNSUPPORTED", ...),
     message (the library's fa_last_error() text), function (the C entry point).
+    Constructed with FA_ERR_INVALID_ARGUMENT it is an InvalidArgumentError (also a
+    ValueError), with FA_ERR_UNSUPPORTED an UnsupportedError (also a
+    NotImplementedError): the caller's input is what to change.
     """
 
-    def __init__(self, status, message, function=""):
+    def __new__(cls, status, message="", function=""):
+        if cls is FlashAttnError:
+            cls = _ERROR_CLASSES.get(int(status), cls)
+        return super().__new__(cls, status, message, function)
+
+    def __init__(self, status, message="", function=""):
         try:
             status = Status(status)
             name = "FA_" + status.name
@@ -123,6 +131,21 @@ class FlashAttnError(RuntimeError):
         self.function = function
         where = function + ": " if function else ""
         super().__init__("%s%s: %s" % (where, name, message))
+
+    def __reduce__(self):
+        return (FlashAttnError, (int(self.status), self.message, self.function))
+
+
+class InvalidArgumentError(FlashAttnError, ValueError):
+    """FA_ERR_INVALID_ARGUMENT: a bad size, stride or value."""
+
+
+class UnsupportedError(FlashAttnError, NotImplementedError):
+    """FA_ERR_UNSUPPORTED: valid, but not available here (device, dtype, feature)."""
+
+
+_ERROR_CLASSES = {int(Status.ERR_INVALID_ARGUMENT): InvalidArgumentError,
+                  int(Status.ERR_UNSUPPORTED): UnsupportedError}
 
 
 # ---- loading ------------------------------------------------------------------

@@ -30,6 +30,7 @@ _CPU = (Device.CPU, 0)
 
 class NumpyAdapter:
     array_name = "numpy.ndarray"
+    contiguous_hint = "np.ascontiguousarray(%s)"
 
     @staticmethod
     def is_array(x):
@@ -113,13 +114,14 @@ def _threads(num_threads):
 def forward(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
             softcap=0.0, alibi_slopes=None, deterministic=False, block_mask=None, *,
             cu_seqlens_q=None, cu_seqlens_k=None, block_size=None, algorithm="flash2",
-            num_threads=None, dropout_seed=0):
+            num_threads=None, dropout_seed=0, dropout_offset=0):
     """Returns (out, lse); the arguments are flash_attn_func's. q: (B, Nq, Hq, D), k and v: (B, Nk, Hk, D); with cu_seqlens
     (int32 offsets) q: (total_q, Hq, D), k, v: (total_k, Hk, D). lse is float32
     (B, Hq, Nq), or (Hq, total_q) for variable-length batches."""
     opts = _core.make_options(softmax_scale, causal, window_size, softcap, dropout_p,
                               deterministic, algorithm, block_size, dropout_seed,
                               _threads(num_threads))
+    opts.dropout_offset = int(dropout_offset)
     return _core.forward(A, q, k, v, opts, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
                          block_mask)
 
@@ -127,12 +129,14 @@ def forward(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_siz
 def backward(dout, q, k, v, out, lse, dropout_p=0.0, softmax_scale=None, causal=False,
              window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
              block_mask=None, *, cu_seqlens_q=None, cu_seqlens_k=None,
-             block_size=None, algorithm="flash2", num_threads=None, dropout_seed=0):
+             block_size=None, algorithm="flash2", num_threads=None, dropout_seed=0,
+             dropout_offset=0):
     """Returns (dq, dk, dv) given dout (like out) and the forward's out and lse; pass
     the forward's attention options again."""
     opts = _core.make_options(softmax_scale, causal, window_size, softcap, dropout_p,
                               deterministic, algorithm, block_size, dropout_seed,
                               _threads(num_threads))
+    opts.dropout_offset = int(dropout_offset)
     if isinstance(dout, np.ndarray) and dout.ndim and dout.shape[-1] > 1 \
             and dout.strides[-1] != dout.itemsize:
         dout = np.ascontiguousarray(dout)

@@ -69,7 +69,7 @@ def test_sdpa_layout_vs_torch(dtype):
     out = flashattn.scaled_dot_product_attention(q, k, v, is_causal=True)
     ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
                                                            is_causal=True)
-    assert out.shape == q.shape and out.is_contiguous()
+    assert out.shape == q.shape and out.transpose(1, 2).is_contiguous()
     assert_close(out, ref, TOL[dtype], "sdpa")
 
 
@@ -119,8 +119,6 @@ def test_backward(dtype, causal):
 
 
 def test_compile_cuda():
-    if not flashattn._torch.HAS_CUSTOM_OP:
-        pytest.skip("needs torch.library.custom_op")
     torch._dynamo.reset()
     f = torch.compile(lambda q, k, v: flashattn.flash_attn_func(q, k, v, causal=True) + 1,
                       fullgraph=True)
@@ -190,3 +188,111 @@ def test_block_mask_cuda_vs_masked_math(dtype, heads_broadcast):
     for name, a, b in zip("qkv", g, rg):
         assert_close(a, b, 4 * TOL[dtype], "d" + name)
     assert torch.all(g[0][0, bq:2 * bq, 0] == 0)
+
+
+# ---- the compiled operators on CUDA: no host synchronisation, CUDA graphs -------------
+
+
+def test_no_host_synchronisation():
+    """Forward, backward, varlen and a KV-cache decode step (device cache_seqlens, an
+    append included) never wait for the GPU: torch's sync debug mode raises if they do."""
+    q, k, v = _qkv(2, 256, 256, 8, 2, 64, torch.float16, grad=True)
+    cu = torch.tensor([0, 100, 256], dtype=torch.int32, device="cuda")
+    kc, vc = (torch.randn(2, 512, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+    lens = torch.tensor([100, 300], dtype=torch.int32, device="cuda")
+    new = torch.randn(2, 1, 2, 64, device="cuda", dtype=torch.float16)
+    qd = torch.randn(2, 1, 8, 64, device="cuda", dtype=torch.float16)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = flashattn.flash_attn_func(q, k, v, causal=True)
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+        flashattn.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, causal=True)
+        flashattn.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens)
+        flashattn.flash_attn_with_kvcache(qd, kc, vc, k=new, v=new, cache_seqlens=lens)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert torch.isfinite(dq).all()
+
+
+def test_cuda_graph_capture_and_replay():
+    """Forward and backward captured in one CUDA graph and replayed on new inputs equal
+    eager calls (outputs and workspace come from the graph's memory pool)."""
+    q, k, v = _qkv(2, 300, 300, 4, 2, 64, torch.bfloat16, grad=True)
+    dout = torch.randn_like(q)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm up on a side stream, as capture requires
+        for _ in range(2):
+            out = flashattn.flash_attn_func(q, k, v, causal=True)
+            torch.autograd.grad(out, (q, k, v), dout)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = flashattn.flash_attn_func(q, k, v, causal=True)
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    for _ in range(2):
+        with torch.no_grad():
+            for x in (q, k, v, dout):
+                x.copy_(torch.randn_like(x))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = flashattn.flash_attn_func(q, k, v, causal=True)
+        rg = torch.autograd.grad(ref, (q, k, v), dout)
+        assert torch.equal(out, ref)
+        for a, b in zip((dq, dk, dv), rg):
+            assert torch.equal(a, b)
+
+
+def test_dropout_seed_is_not_drawn_under_capture():
+    q, k, v = _qkv(1, 64, 64, 2, 2, 64, torch.float16)
+    flashattn.flash_attn_func(q, k, v, dropout_p=0.1)
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match="CUDA graph"):
+        with torch.cuda.graph(g):
+            flashattn.flash_attn_func(q, k, v, dropout_p=0.1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
+def test_element_mask_as_block_mask(dtype):
+    """A dense boolean mask through block_size (1, 1), as flashattn.transformers passes
+    masks that are more than padding."""
+    B, N, H, D = 2, 200, 4, 64
+    q, k, v = _qkv(B, N, N, H, H, D, dtype, grad=True)
+    gen = torch.Generator().manual_seed(3)
+    keep = (torch.rand(B, 1, N, N, generator=gen) < 0.7).cuda()
+    keep[..., 0] = True
+    out = flashattn.flash_attn_func(q, k, v, block_mask=keep, block_size=(1, 1))
+    rq, rk, rv = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ref = _masked_math(rq, rk, rv, keep.expand(B, H, N, N))
+    assert_close(out, ref, TOL[dtype], "element mask out")
+    dout = torch.randn_like(out)
+    g = torch.autograd.grad(out, (q, k, v), dout)
+    rg = torch.autograd.grad(ref, (rq, rk, rv), dout.double())
+    for name, a, b in zip("qkv", g, rg):
+        assert_close(a, b, 4 * TOL[dtype], "d" + name)
+
+
+def test_transformers_llama_on_cuda():
+    transformers = pytest.importorskip("transformers")
+    import flashattn.transformers as fat
+    cfg = transformers.LlamaConfig(vocab_size=101, hidden_size=256, intermediate_size=512,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    ids = torch.randint(0, 101, (3, 40), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0
+    mask[2, :25] = 0
+    with torch.no_grad():
+        model.set_attn_implementation("sdpa")
+        ref = model(input_ids=ids, attention_mask=mask).logits.float()
+        model.set_attn_implementation(fat.register())
+        out = model(input_ids=ids, attention_mask=mask).logits.float()
+    keep = mask.bool()
+    assert rel_err(out[keep], ref[keep]) < 3e-2
+    gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False,
+                         pad_token_id=0)
+    assert gen.shape == (3, 45)

@@ -23,6 +23,8 @@ def test_error_class_and_status():
     assert err.status_name == "FA_ERR_UNSUPPORTED"
     assert "f64" in err.message and err.message in str(err)
     assert err.function == "fa_forward"
+    # valid, but not available here: a NotImplementedError too
+    assert isinstance(err, NotImplementedError) and isinstance(err, flashattn.UnsupportedError)
 
 
 def test_c_validation_message_surfaces():
@@ -30,6 +32,65 @@ def test_c_validation_message_surfaces():
     with pytest.raises(flashattn.FlashAttnError, match="headdim") as e:
         flashattn.flash_attn_func(q, k, v)
     assert e.value.status == flashattn.Status.ERR_INVALID_ARGUMENT
+    # the caller's input is at fault: a ValueError too
+    assert isinstance(e.value, ValueError) and isinstance(e.value, flashattn.InvalidArgumentError)
+
+
+def test_error_classes_pickle_and_construct():
+    import pickle
+    e = flashattn.FlashAttnError(flashattn.Status.ERR_INVALID_ARGUMENT, "bad", "fa_forward")
+    assert type(e) is flashattn.InvalidArgumentError and str(e).startswith("fa_forward: FA_ERR")
+    e2 = pickle.loads(pickle.dumps(e))
+    assert type(e2) is type(e) and e2.message == "bad" and e2.function == "fa_forward"
+    assert type(flashattn.FlashAttnError(flashattn.Status.ERR_DEVICE, "x")) \
+        is flashattn.FlashAttnError
+
+
+def test_every_bad_input_error_is_value_or_type_error():
+    """Bad caller input raises ValueError or TypeError (FlashAttnError for the library's
+    own checks is one of them), never a bare RuntimeError."""
+    q, k, v = _qkv((2, 8, 4, 16))
+    cases = [
+        lambda: flashattn.flash_attn_func(q, k[:1], v[:1]),                 # batch
+        lambda: flashattn.flash_attn_func(q, k, v, softmax_scale=float("inf")),
+        lambda: flashattn.flash_attn_func(q, k, v, softcap=-2.0),
+        lambda: flashattn.flash_attn_func(q, k, v, dropout_p=1.0),
+        lambda: flashattn.flash_attn_func(q, k, v, window_size=(1.5, 2)),
+        lambda: flashattn.flash_attn_func(q, k, v, window_size="left"),
+        lambda: flashattn.flash_attn_func(q, [1], v),
+        lambda: flashattn.flash_attn_func(q, k, v, alibi_slopes=[0.1] * 4),
+        lambda: flashattn.flash_attn_func(q, k, v, block_mask=torch.ones(1, 1, 1, 1,
+                                                                         dtype=torch.uint8)),
+        lambda: flashattn.flash_attn_func(q, k, v, block_size=(8, 8.5)),
+        lambda: flashattn.flash_attn_func(q.int(), k.int(), v.int()),
+        lambda: flashattn.flash_attn_func(q, k, v, algorithm=3),
+    ]
+    for i, f in enumerate(cases):
+        with pytest.raises((ValueError, TypeError)):
+            f()
+
+
+def test_window_size_floats_are_refused():
+    q, k, v = _qkv()
+    for bad in [(1.5, 2), (2, 0.5), (2.0, 3)]:
+        with pytest.raises(TypeError, match="window_size must be a pair of ints"):
+            flashattn.flash_attn_func(q, k, v, window_size=bad)
+    np = pytest.importorskip("numpy")
+    with pytest.raises(TypeError, match="window_size must be a pair of ints"):
+        flashattn.flash_attn_func(q.numpy(), k.numpy(), v.numpy(), window_size=(3.5, 0))
+    # ints of other kinds are ints
+    a = flashattn.flash_attn_func(q, k, v, window_size=(np.int64(3), torch.tensor(1)))
+    b = flashattn.flash_attn_func(q, k, v, window_size=(3, 1))
+    assert torch.equal(a, b)
+
+
+def test_block_mask_without_block_size():
+    q, k, v = _qkv()
+    mask = torch.ones(1, 2, 8, 8, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"block_mask needs block_size=\(block_q, block_k\)"):
+        flashattn.flash_attn_func(q, k, v, block_mask=mask)
+    with pytest.raises(ValueError, match=r"block_mask needs block_size"):
+        flashattn.flash_attn_func(q.numpy(), k.numpy(), v.numpy(), block_mask=mask.numpy())
 
 
 def test_block_mask_block_size_is_checked():
@@ -74,7 +135,7 @@ def test_bad_shapes(bad):
 
 def test_bad_options():
     q, k, v = _qkv()
-    with pytest.raises(ValueError, match="window_size"):
+    with pytest.raises(TypeError, match="window_size"):
         flashattn.flash_attn_func(q, k, v, window_size=3)
     with pytest.raises(ValueError, match="softcap"):
         flashattn.flash_attn_func(q, k, v, softcap=-1.0)

@@ -70,12 +70,44 @@ def test_append_new_keys():
 
 def test_errors():
     q, kc, vc = _cache(2, 1, 8, 2, 2, 16, [8, 8])
-    with pytest.raises(flashattn.FlashAttnError, match="seqused_k"):
+    with pytest.raises(flashattn.FlashAttnError, match="seqused_k") as e:  # the library's check
         flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=[9, 1])
+    assert isinstance(e.value, ValueError)
     with pytest.raises(ValueError, match="exceed"):
         flashattn.flash_attn_with_kvcache(q, kc, vc, k=kc[:, :2], v=vc[:, :2], cache_seqlens=7)
     with pytest.raises(ValueError, match="batch_size"):
         flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=[1, 2, 3])
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+def test_torch_errors():
+    q, kc, vc = (torch.from_numpy(x) for x in _cache(2, 1, 8, 2, 2, 16, [8, 8]))
+    with pytest.raises(ValueError, match="seqused_k"):
+        flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=torch.tensor([9, 1]))
+    with pytest.raises(ValueError, match="seqused_k must have shape"):
+        flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=torch.tensor([1, 2, 3]))
+    with pytest.raises(TypeError, match="integer"):
+        flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match="exceed"):  # an append past the end: nothing written
+        before = kc.clone()
+        flashattn.flash_attn_with_kvcache(q, kc, vc, k=kc[:, :2], v=vc[:, :2],
+                                          cache_seqlens=torch.tensor([7, 0]))
+    assert torch.equal(kc, before)
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+def test_torch_append_matches_reference():
+    used = [10, 3]
+    q, kc, vc = (torch.from_numpy(x) for x in _cache(2, 2, 32, 2, 1, 16, used))
+    g = torch.Generator().manual_seed(9)
+    kn, vn = torch.randn(2, 2, 1, 16, generator=g), torch.randn(2, 2, 1, 16, generator=g)
+    out = flashattn.flash_attn_with_kvcache(q, kc, vc, k=kn, v=vn,
+                                            cache_seqlens=torch.tensor(used, dtype=torch.int32),
+                                            causal=True)
+    for i, u in enumerate(used):
+        assert torch.equal(kc[i, u:u + 2], kn[i]) and torch.equal(vc[i, u:u + 2], vn[i])
+    rout, _ = _reference(q.numpy(), kc.numpy(), vc.numpy(), [u + 2 for u in used], causal=True)
+    assert_close(out.numpy(), rout, TOL_F32, "out")
 
 
 @pytest.mark.skipif(torch is None, reason="needs torch")

@@ -152,8 +152,12 @@ def test_numpy_errors():
     q, k, v = _qkv(1, 8, 8, 2, 2, 16)
     with pytest.raises(ValueError, match="negative strides"):
         fnp.forward(q[:, ::-1], k, v)
-    with pytest.raises(ValueError, match="contiguous"):
+    # numpy users are told numpy's spelling, not torch's .contiguous()
+    with pytest.raises(ValueError, match=r"np\.ascontiguousarray\(q\)") as e:
         fnp.forward(np.asfortranarray(q), k, v)
+    assert ".contiguous()" not in str(e.value)
+    with pytest.raises(ValueError, match=r"np\.ascontiguousarray\(v\)"):
+        flashattn.flash_attn_func(q, k, np.asfortranarray(v))
     with pytest.raises(TypeError, match="dtype"):
         fnp.forward(q.astype(np.int32), k, v)
     with pytest.raises(TypeError, match="same dtype"):
@@ -164,3 +168,24 @@ def test_numpy_errors():
         flashattn.flash_attn_func(q.tolist(), k, v)
     with pytest.raises(flashattn.FlashAttnError, match="f64"):
         fnp.forward(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
+
+
+def test_numpy_without_torch():
+    """A process where torch cannot be imported: the numpy entry works (ctypes), and
+    flashattn says it has no compiled operators."""
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import numpy as np, flashattn, flashattn.numpy as fnp\n"
+            "assert not flashattn.torch_ops_available()\n"
+            "q = np.random.default_rng(0).standard_normal((1, 9, 2, 8)).astype(np.float32)\n"
+            "out, lse = fnp.forward(q, q, q, causal=True)\n"
+            "assert np.isfinite(out).all() and out.shape == q.shape\n"
+            "assert flashattn.flash_attn_func(q, q, q).shape == q.shape\n"
+            "try:\n"
+            "    flashattn.flash_attn_func([1.0], q, q)\n"
+            "except TypeError as e:\n"
+            "    assert 'numpy.ndarray' in str(e) and 'torch' not in str(e), e\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr

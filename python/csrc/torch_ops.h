@@ -1,0 +1,55 @@
+// The C++ signatures of flashattn::fwd and flashattn::bwd (python/csrc/torch_ops.cpp
+// registers them; python/csrc/module.cpp calls them through the dispatcher).
+#ifndef FLASHATTN_TORCH_OPS_H
+#define FLASHATTN_TORCH_OPS_H
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <optional>
+#include <tuple>
+
+namespace flashattn_torch {
+
+using at::Tensor;
+using std::optional;
+using Tensors3 = std::tuple<Tensor, Tensor, Tensor>;
+
+using FwdSignature = Tensors3(
+    const Tensor &q, const Tensor &k, const Tensor &v, const optional<Tensor> &cu_seqlens_q,
+    const optional<Tensor> &cu_seqlens_k, const optional<Tensor> &seqused_k,
+    const optional<Tensor> &alibi_slopes, const optional<Tensor> &block_mask,
+    optional<double> softmax_scale, bool causal, int64_t window_left, int64_t window_right,
+    double softcap, double dropout_p, const optional<Tensor> &rng_state, bool deterministic,
+    int64_t algorithm, int64_t block_size_q, int64_t block_size_k, bool bhnd);
+
+using BwdSignature = Tensors3(
+    const Tensor &dout, const Tensor &q, const Tensor &k, const Tensor &v, const Tensor &out,
+    const Tensor &lse, const optional<Tensor> &cu_seqlens_q, const optional<Tensor> &cu_seqlens_k,
+    const optional<Tensor> &seqused_k, const optional<Tensor> &alibi_slopes,
+    const optional<Tensor> &block_mask, optional<double> softmax_scale, bool causal,
+    int64_t window_left, int64_t window_right, double softcap, double dropout_p,
+    const optional<Tensor> &rng_state, bool deterministic, int64_t algorithm, int64_t block_size_q,
+    int64_t block_size_k, bool bhnd);
+
+// The options both operators take after their tensors, in schema order.
+struct Options {
+  optional<Tensor> cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask;
+  optional<double> softmax_scale;
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;
+  double softcap = 0, dropout_p = 0;
+  optional<Tensor> rng_state;
+  bool deterministic = false;
+  int64_t algorithm = 0, block_size_q = 0, block_size_k = 0;
+  bool bhnd = false;
+};
+
+// The operators' handles (through the dispatcher: autograd, tracing and dispatch modes
+// all apply).
+const c10::TypedOperatorHandle<FwdSignature> &fwd_op();
+const c10::TypedOperatorHandle<BwdSignature> &bwd_op();
+
+}  // namespace flashattn_torch
+
+#endif

@@ -81,6 +81,21 @@ typedef struct fa_params {
   int window_enabled;
   int64_t window_left, window_right;
 
+  /* Shards of one sequence (context parallelism): when shard_enabled, q holds
+   * the query rows at positions [shard_q_offset, shard_q_offset + Nq) of one
+   * self-attention sequence and k, v its keys at [shard_k_offset,
+   * shard_k_offset + Nk). Masks, ALiBi and dropout then use positions: with
+   * I = shard_q_offset + i and J = shard_k_offset + j, row i sees key j iff
+   * I - window_left <= J <= I + window_right (causal: J <= I), ALiBi adds
+   * -slope * |I - J| and dropout draws element (I, J) (docs/DROPOUT.md). So
+   * the blocks of a sharded sequence, merged by their lse, give the whole
+   * sequence's attention (ring attention: fa_ring_forward). Offsets >= 0 and
+   * offset + seqlen <= 2^31 - 1; shard_k_offset a multiple of 4 with dropout
+   * (one Philox call draws four neighbouring keys). Not with cu_seqlens,
+   * seqused_k or block_mask. */
+  int shard_enabled;
+  int64_t shard_q_offset, shard_k_offset;
+
   /* Logit soft-capping: s = softcap * tanh(s / softcap), applied to the scaled
    * score before masks and ALiBi. 0 disables. */
   float softcap;

@@ -45,6 +45,7 @@ void register_forward_tests(void);
 void register_backward_tests(void);
 void register_validation_tests(void);
 void register_extension_tests(void); /* dropout, block-sparse */
+void register_shard_tests(void);     /* fa_params.shard_enabled */
 
 /* ---- random numbers (splitmix64) ---------------------------------------- */
 

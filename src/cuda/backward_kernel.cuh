@@ -409,8 +409,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) flash_bwd_kv_kernel(const BwdAr
   const int c0 = blockIdx.x * BC; /* causal: the longest blocks first */
   if (c0 >= nk) return;
   const int cols = min(BC, nk - c0);
-  const fa_mask mk =
-      fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
+  const fa_mask mk = attn_mask(p, nq, nk);
   const QueryTiles qt = query_tiles<BR, BC>(mk, c0, cols);
   const int m_begin = qt.m_begin, nm = qt.nm;
   const int steps = nm * p.group;
@@ -504,7 +503,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) flash_bwd_kv_kernel(const BwdAr
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int kc = c0 + kw0 + g + 8 * (e >> 1);
-        const int rel = r + ql + (e & 1) + nk - nq - kc; /* diag - key */
+        const int rel = attn_rel(p, nq, nk, r + ql + (e & 1), kc); /* diag - key */
         float dfac;
         const float x = bwd_score<XF>(p, acc_s[nt][e], slope_log2, rel, &dfac);
         float pe = exp2f(x - ((e & 1) ? l2.y : l2.x));
@@ -645,8 +644,7 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_bwd_dq_kernel(cons
   const int nq = sv.nq, nk = sv.nk;
   if (r0 >= nq) return;
   const int rows = min(BR, nq - r0), hk = h / p.group;
-  const fa_mask mk =
-      fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
+  const fa_mask mk = attn_mask(p, nq, nk);
   const KeyTiles kt = key_tiles<BC>(mk, r0, rows);
   const int n_begin = kt.n_begin, n_end = kt.n_end;
 
@@ -738,8 +736,8 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_bwd_dq_kernel(cons
         for (int e = 0; e < 2; ++e) {
           const int col = c0 + nt * 8 + 2 * t + e;
           float dfac;
-          const float x =
-              bwd_score<XF>(p, acc_s[nt][2 * hr + e], slope_log2, i + nk - nq - col, &dfac);
+          const float x = bwd_score<XF>(p, acc_s[nt][2 * hr + e], slope_log2,
+                                        attn_rel(p, nq, nk, i, col), &dfac);
           float pe = exp2f(x - l2[hr]);
           if (MASK && (col < row_lo || col >= row_hi || (EXT && some && !brow[col / p.bm_k])))
             pe = 0.f;

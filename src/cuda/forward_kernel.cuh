@@ -50,6 +50,9 @@ struct AttnArgs {
   const int32_t *used_k; /* KV cache: the keys each sequence uses (NULL: all) */
   int causal, window_enabled;
   int64_t window_left, window_right;
+  /* A shard (fa_params.shard_enabled; never varlen): row i's diagonal key is
+   * i + nk - nq + diag_shift (dropout's positions are in drop). */
+  int shard, diag_shift;
   /* Dropout and block-sparse masks (docs/DROPOUT.md), read only by the EXT
    * kernels: keep_scale > 0 iff dropout; bmask (device bytes) NULL without a
    * block mask, bm_sb/bm_sh/bm_sr its batch/head/row strides, bm_q/bm_k the
@@ -59,6 +62,18 @@ struct AttnArgs {
   int64_t bm_sb, bm_sh, bm_sr;
   int bm_q, bm_k;
 };
+
+/* The causal / window mask of a sequence of nq rows and nk keys. */
+__host__ __device__ __forceinline__ fa_mask attn_mask(const AttnArgs &p, int nq, int nk) {
+  fa_mask m = fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
+  m.diag0 += p.diag_shift;
+  return m;
+}
+
+/* Row i's distance from key col, i + diag0 - col (ALiBi's |.|, the window's rel). */
+__device__ __forceinline__ int attn_rel(const AttnArgs &p, int nq, int nk, int i, int col) {
+  return i + nk - nq + p.diag_shift - col;
+}
 
 /* Dropout or a block mask: the launch takes the EXT kernels. */
 inline bool is_ext(const AttnArgs &a) { return a.drop.keep_scale > 0.f || a.bmask != NULL; }
@@ -399,8 +414,7 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
   /* key_tiles<BC>(), written out: with the struct, ptxas spills in the D=128
    * EXT variant of this kernel */
   int64_t klo, khi, t_lo, t_hi;
-  const fa_mask mk =
-      fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
+  const fa_mask mk = attn_mask(p, nq, nk);
   fa_mask_block_range(&mk, r0, r0 + rows, &klo, &khi);
   int n_begin = (int)(klo / BC);
   int n_end = khi > klo ? (int)((khi + BC - 1) / BC) : n_begin;
@@ -527,8 +541,7 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
         if constexpr (MASK) {
           int64_t lo, hi;
           /* rebuilt from the kernel arguments, not kept live across the loop */
-          const fa_mask mr =
-              fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
+          const fa_mask mr = attn_mask(p, nq, nk);
           fa_mask_row_range(&mr, i, &lo, &hi);
           row_lo = (int)lo;
           row_hi = (int)hi;
@@ -542,7 +555,7 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
             const int col = c0 + nt * 8 + 2 * t + e;
             if constexpr (XF) {
               x = p.cap_log2 > 0.f ? p.cap_log2 * tanhf(x * p.scale_over_cap) : x * p.scale_log2;
-              x -= slope_log2 * fabsf((float)(i + nk - nq - col));
+              x -= slope_log2 * fabsf((float)attn_rel(p, nq, nk, i, col));
             }
             if (MASK && (col < row_lo || col >= row_hi || (EXT && some && !brow[col / p.bm_k])))
               x = -INFINITY;

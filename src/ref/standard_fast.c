@@ -189,8 +189,7 @@ static void sf_gemm_nd(const fa_problem *pb, const fa_kern *kn, float *C, int be
  * its visible keys [lo, hi) (elsewhere P is 0 already). */
 static void sf_dropout(const fa_problem *pb, const fa_kern *kn, float *X, int64_t ld, int64_t nq,
                        const int32_t *lo, const int32_t *hi, int64_t s, int64_t h) {
-  const fa_params *pr = pb->params;
-  const fa_dropout dr = fa_dropout_make(pr->dropout_p, pr->dropout_seed, pr->dropout_offset);
+  const fa_dropout dr = fa_problem_dropout(pb);
   const uint64_t bh = (uint64_t)(s * pb->heads_q + h);
   for (int64_t i = 0; i < nq; i++)
     if (lo[i] < hi[i]) kn->dropout(X + i * ld + lo[i], 0, 1, 1, hi[i] - lo[i], bh, i, lo[i], &dr);
@@ -200,9 +199,12 @@ static void sf_dropout(const fa_problem *pb, const fa_kern *kn, float *X, int64_
  * query head h of sequence s, from b->Q and b->KT loaded and b->lo/hi set;
  * entries outside a row's [lo, hi) and block-masked ones are 0, P is rounded
  * to the storage type. lse (nq) receives each row's log-sum-exp; T (or NULL),
- * with softcap, tanh(scale qk / cap) over [lo, hi) for the backward. */
+ * with softcap, tanh(scale qk / cap) over [lo, hi) for the backward. With
+ * lse_in (a shard's backward), P = exp(S - lse_in): the given normaliser may
+ * be the whole sequence's, of which these keys are a part. */
 static void sf_probs(const fa_problem *pb, const fa_kern *kn, sf_bufs *b, const fa_seq *sq,
-                     const fa_mask *mk, int64_t s, int64_t h, float *lse, float *T) {
+                     const fa_mask *mk, int64_t s, int64_t h, float *lse, float *T,
+                     const float *lse_in) {
   const fa_params *pr = pb->params;
   const int64_t nq = sq->nq, nk = sq->nk, nkp = fa_round_up(nk, 16);
   if (nk > 0) sf_gemm_nt(pb, kn, b, b->P, b->Q, b->KT, nq, nk, pb->scale);
@@ -226,6 +228,12 @@ static void sf_probs(const fa_problem *pb, const fa_kern *kn, sf_bufs *b, const 
         if (!brow[j / pr->block_size_k]) row[j] = -INFINITY;
   }
   kn->softmax_rows(b->P, nkp, nq, nkp, b->lo, b->hi, lse);
+  if (lse_in)
+    for (int64_t i = 0; i < nq; i++) {
+      if (lse[i] == -INFINITY) continue; /* no visible key: P is 0 already */
+      const float f = lse_in[i] == -INFINITY ? 0.0f : expf(lse[i] - lse_in[i]);
+      for (int64_t j = b->lo[i]; j < b->hi[i]; j++) b->P[i * nkp + j] *= f;
+    }
   if (pb->dtype != FA_DTYPE_F32)
     for (int64_t i = 0; i < nq; i++) /* P as Algorithm 0 stores it */
       for (int64_t j = b->lo[i]; j < b->hi[i]; j++) {
@@ -245,11 +253,7 @@ static void sf_row_ranges(const fa_mask *mk, int64_t nq, int32_t *lo, int32_t *h
   }
 }
 
-static fa_mask sf_mask(const fa_problem *pb, const fa_seq *sq) {
-  const fa_params *pr = pb->params;
-  return fa_mask_make(sq->nq, sq->nk, pr->causal, pr->window_enabled, pr->window_left,
-                      pr->window_right);
-}
+static fa_mask sf_mask(const fa_problem *pb, const fa_seq *sq) { return fa_problem_mask(pb, sq); }
 
 static void sf_unit(const fa_problem *pb, const fa_kern *kn, sf_bufs *b, int64_t s, int64_t h) {
   const fa_seq sq = fa_problem_seq(pb, s);
@@ -264,7 +268,7 @@ static void sf_unit(const fa_problem *pb, const fa_kern *kn, sf_bufs *b, int64_t
     sf_load_rows(pb, kn, b->V, &pb->v, sq.kb, sq.k0, hk, nk);
   }
   float *lse = pb->lse ? pb->lse + sq.lse0 + h * sq.lse_head_stride : b->O;
-  sf_probs(pb, kn, b, &sq, &mk, s, h, lse, NULL);
+  sf_probs(pb, kn, b, &sq, &mk, s, h, lse, NULL, NULL);
   if (pb->params->dropout_p > 0.0f) sf_dropout(pb, kn, b->P, nkp, nq, b->lo, b->hi, s, h);
   /* O = P V over each row's visible keys only (masked V rows may hold inf/NaN) */
   sf_gemm_nd(pb, kn, b->O, 0, nq, nk, b->P, nkp, 1, b->V, b->lo, b->hi, b->lo2, b->hi2);
@@ -295,7 +299,8 @@ static void sf_bwd_head(const fa_problem *pb, const fa_kern *kn, sf_bufs *b, con
   float *T = pr->softcap > 0.0f ? b->T : NULL;
   sf_load_rows(pb, kn, b->Q, &pb->q, sq->qb, sq->q0, h, nq);
   sf_load_rows(pb, kn, b->dO, &pb->dout, sq->qb, sq->q0, h, nq);
-  sf_probs(pb, kn, b, sq, mk, s, h, b->Di, T); /* its lse lands in Di, overwritten below */
+  const float *lse_in = pr->shard_enabled ? pb->lse + sq->lse0 + h * sq->lse_head_stride : NULL;
+  sf_probs(pb, kn, b, sq, mk, s, h, b->Di, T, lse_in); /* its lse lands in Di, overwritten below */
   sf_load_rows(pb, kn, b->dQ, &pb->o, sq->qb, sq->q0, h, nq); /* O, until dQ replaces it */
   for (int64_t i = 0; i < nq; i++) b->Di[i] = kn->rowdot(b->dO + i * Dp, b->dQ + i * Dp, D);
   if (nk > 0) {

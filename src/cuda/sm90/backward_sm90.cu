@@ -167,8 +167,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     return;
   }
   const int cols = min(BC, nk - c0);
-  const fa_mask mk =
-      fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
+  const fa_mask mk = attn_mask(p, nq, nk);
   const QueryTiles qt = query_tiles<BR, BC>(mk, c0, cols);
   const int m_begin = qt.m_begin, nm = qt.nm;
   const int steps = nm * p.group; /* step s: head hk group + s / nm, block m_begin + s % nm */

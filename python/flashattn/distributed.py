@@ -206,14 +206,42 @@ def _wait(works):
         w.wait()
 
 
-def _merge(out_acc, lse_acc, o, lse):
-    """out_acc, lse_acc (float32 views) <- the log-sum-exp merge with (o, lse). Rows that
-    are fully masked in both keep out 0, lse -inf."""
+class _Sum:
+    """A sum of tensors over ranges of rows (dim 1), rounded once: it keeps the terms'
+    dtype while it holds one term, adds the last term in that dtype (torch adds 16-bit
+    floats in float32 and rounds once), and goes to float32 when more terms follow."""
+
+    def __init__(self, like):
+        self.like, self.t = like, None
+
+    def add(self, r0, x, last=False):
+        rows = slice(r0, r0 + x.shape[1])
+        if self.t is None:
+            if r0 == 0 and x.shape[1] == self.like.shape[1]:
+                self.t = x
+            else:
+                self.t = torch.zeros_like(self.like, dtype=x.dtype)
+                self.t[:, rows] = x
+            return
+        if not last and self.t.dtype != torch.float32:
+            self.t = self.t.float()
+        self.t[:, rows] += x
+
+    def result(self, dtype):
+        return torch.zeros_like(self.like, dtype=dtype) if self.t is None else self.t.to(dtype)
+
+
+def _merge(acc, lse_acc, o, lse, last):
+    """(acc, lse_acc) rows <- their log-sum-exp merge with (o, lse). acc is float32, or q's
+    dtype when it holds one block's out and this merge is the last (rounded once). Rows
+    fully masked in both keep out 0, lse -inf."""
     new = torch.logaddexp(lse_acc, lse)
-    w_acc = torch.exp(lse_acc - new).nan_to_num_(0.0)  # -inf - -inf: weight 0
-    w_new = torch.exp(lse - new).nan_to_num_(0.0)
-    out_acc.mul_(w_acc.transpose(1, 2).unsqueeze(-1))
-    out_acc.addcmul_(o, w_new.transpose(1, 2).unsqueeze(-1))
+    w_acc = torch.exp(lse_acc - new).nan_to_num_(0.0).transpose(1, 2).unsqueeze(-1)
+    w_new = torch.exp(lse - new).nan_to_num_(0.0).transpose(1, 2).unsqueeze(-1)
+    if acc.dtype == torch.float32:
+        acc.mul_(w_acc).addcmul_(o, w_new)
+    else:  # in float32, rounded once
+        acc.copy_(torch.mul(acc, w_acc).addcmul_(o, w_new))
     lse_acc.copy_(new)
 
 
@@ -221,64 +249,78 @@ def _rows_lse(lse, q0, nq):
     return lse[:, :, q0:q0 + nq].contiguous()
 
 
+def _steps(a, n, ring):
+    """[(step, piece)] of every step, in order."""
+    return [(t, pc) for t in range(ring.world)
+            for pc in _plan(a, n, ring.rank, (ring.rank - t) % ring.world, ring.world)]
+
+
 def _ring_forward(q, k, v, a, ring):
     b, n, h, d = q.shape
-    out_acc = None
-    lse_acc = None
-    kv = (k, v)
+    steps = _steps(a, n, ring)
+    acc, lse_acc, kv, i = None, None, (k, v), 0
     for t in range(ring.world):
-        src = (ring.rank - t) % ring.world
         works, nxt = None, None
         if t + 1 < ring.world and COMMUNICATE:
             nxt = (torch.empty_like(k), torch.empty_like(v))
             works = ring.exchange(kv, nxt)
-        for pc in _plan(a, n, ring.rank, src, ring.world):
-            o, lse = _attn_fwd(q[:, pc.q0:pc.q0 + pc.nq], kv[0][:, pc.k0:pc.k0 + pc.nk],
+        while i < len(steps) and steps[i][0] == t:
+            pc, i = steps[i][1], i + 1
+            rows = slice(pc.q0, pc.q0 + pc.nq)
+            o, lse = _attn_fwd(q[:, rows], kv[0][:, pc.k0:pc.k0 + pc.nk],
                                kv[1][:, pc.k0:pc.k0 + pc.nk], a, pc.causal, pc.shard)
-            if out_acc is None and pc.q0 == 0 and pc.nq == n:
-                out_acc, lse_acc = o.float(), lse.clone()
+            if acc is None and pc.nq == n:
+                acc, lse_acc = o, lse
                 continue
-            if out_acc is None:
-                out_acc = q.new_zeros((b, n, h, d), dtype=torch.float32)
+            if acc is None:
+                acc = q.new_zeros((b, n, h, d), dtype=torch.float32)
                 lse_acc = q.new_full((b, h, n), float("-inf"), dtype=torch.float32)
-            _merge(out_acc[:, pc.q0:pc.q0 + pc.nq], lse_acc[:, :, pc.q0:pc.q0 + pc.nq], o, lse)
+            elif acc.dtype != torch.float32 and i < len(steps):
+                acc = acc.float()
+            _merge(acc[:, rows], lse_acc[:, :, rows], o, lse, i == len(steps))
         _wait(works)
         if nxt is not None:
             kv = nxt
-    if out_acc is None:  # every block hidden (a window shorter than the gap): rows masked
+    if acc is None:  # every block hidden (a window shorter than the gap): rows masked
         return torch.zeros_like(q), q.new_full((b, h, n), float("-inf"), dtype=torch.float32)
-    return out_acc.to(q.dtype), lse_acc
+    return acc.to(q.dtype), lse_acc
 
 
 def _ring_backward(dout, q, k, v, out, lse, a, ring):
     n = q.shape[1]
-    dq_acc = torch.zeros_like(q, dtype=torch.float32)
-    kv = (k, v)
-    dkv_in, dkv_works = None, None  # the accumulators of the block held, on their way here
+    steps = _steps(a, n, ring)
+    dq = _Sum(q)
+    kv, i = (k, v), 0
+    dkv_in, dkv_works = None, None  # the sums of the block held, on their way here
     last = ring.world - 1
     for t in range(ring.world):
-        src = (ring.rank - t) % ring.world
         works, nxt = None, None
         if t < last and COMMUNICATE:
             nxt = (torch.empty_like(k), torch.empty_like(v))
             works = ring.exchange(kv, nxt)
-        dk_mine = torch.zeros_like(k, dtype=torch.float32)
-        dv_mine = torch.zeros_like(v, dtype=torch.float32)
-        for pc in _plan(a, n, ring.rank, src, ring.world):
-            rq, rk = slice(pc.q0, pc.q0 + pc.nq), slice(pc.k0, pc.k0 + pc.nk)
-            dq, dk, dv = _attn_bwd(dout[:, rq], q[:, rq], kv[0][:, rk], kv[1][:, rk],
+        mine = []
+        while i < len(steps) and steps[i][0] == t:
+            pc, i = steps[i][1], i + 1
+            rq = slice(pc.q0, pc.q0 + pc.nq)
+            rk = slice(pc.k0, pc.k0 + pc.nk)
+            gq, gk, gv = _attn_bwd(dout[:, rq], q[:, rq], kv[0][:, rk], kv[1][:, rk],
                                    out[:, rq], _rows_lse(lse, pc.q0, pc.nq), a, pc.causal,
                                    pc.shard)
-            dq_acc[:, rq] += dq
-            dk_mine[:, rk] += dk
-            dv_mine[:, rk] += dv
+            dq.add(pc.q0, gq, last=i == len(steps))
+            mine.append((pc.k0, gk, gv))
+        # this block's sums: what came from the previous ranks, then this rank's terms
+        dk, dv = _Sum(k), _Sum(v)
         if dkv_works is not None:
             _wait(dkv_works)
-            dk_mine += dkv_in[0]
-            dv_mine += dkv_in[1]
-        # on to the next rank: the block's sums so far (float32), or after the last step
-        # its final dK/dV (in q's dtype) to the rank that owns it
-        send = (dk_mine, dv_mine) if t < last else (dk_mine.to(k.dtype), dv_mine.to(v.dtype))
+            dk.add(0, dkv_in[0]), dv.add(0, dkv_in[1])
+        for j, (k0, gk, gv) in enumerate(mine):
+            final = t == last and j == len(mine) - 1
+            dk.add(k0, gk, last=final), dv.add(k0, gv, last=final)
+        # on to the next rank: the sums so far, or after the last step the block's dK, dV
+        # (in k's dtype) to the rank that owns it
+        send = (dk.result(k.dtype), dv.result(v.dtype)) if t == last else (
+            dk.result(dk.t.dtype if dk.t is not None else k.dtype),
+            dv.result(dv.t.dtype if dv.t is not None else v.dtype))
         if COMMUNICATE and ring.world > 1:
             dkv_in = tuple(torch.empty_like(x) for x in send)
             dkv_works = ring.exchange(send, dkv_in)
@@ -288,8 +330,7 @@ def _ring_backward(dout, q, k, v, out, lse, a, ring):
         if nxt is not None:
             kv = nxt
     _wait(dkv_works)
-    dk, dv = dkv_in
-    return dq_acc.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    return dq.result(q.dtype), dkv_in[0].to(k.dtype), dkv_in[1].to(v.dtype)
 
 
 class _RingFlashAttn(torch.autograd.Function):

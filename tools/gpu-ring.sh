@@ -5,7 +5,7 @@
 # tools/bench_ring.py --check (ring attention against one GPU and float64) and its
 # benchmark against PyTorch's context parallelism; the table comes last. Logs, JSON and
 # the packed library go to $OUT (the device tool's output folder) or build-gpu/out.
-# Usage: tools/gpu-ring.sh [--prebuilt=TARBALL] [--no-test] [--gpus N] [bench_ring.py args]
+# Usage: tools/gpu-ring.sh [--prebuilt=TARBALL] [--no-test] [--gpus=N] [bench_ring.py args]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/build-gpu/out}
@@ -41,7 +41,7 @@ else
 fi
 if [ $run_test = 1 ]; then
   stamp "test_cuda --small"
-  timeout 300 ./build-gpu/bin/test_cuda --small >"$OUT/test_cuda.log" 2>&1 || status=1
+  timeout 150 ./build-gpu/bin/test_cuda --small >"$OUT/test_cuda.log" 2>&1 || status=1
   tail -3 "$OUT/test_cuda.log"
 fi
 export FLASHATTN_LIBRARY=$PWD/build-gpu/libflashattn.so PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}

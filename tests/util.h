@@ -46,6 +46,7 @@ void register_backward_tests(void);
 void register_validation_tests(void);
 void register_extension_tests(void); /* dropout, block-sparse */
 void register_shard_tests(void);     /* fa_params.shard_enabled */
+void register_ring_tests(void);      /* fa_ring_forward, fa_ring_backward */
 
 /* ---- random numbers (splitmix64) ---------------------------------------- */
 

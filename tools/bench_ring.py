@@ -203,7 +203,8 @@ def bench(args, n, results):
     row["compute_ms"], _ = timed(ours, iters, 1)
     fd.COMMUNICATE = True
 
-    # the transfers alone: forward W-1 K/V exchanges; backward W-1 K/V and W dK/dV
+    # the transfers alone: the forward's W-1 K/V exchanges; the backward's W-2 K/V and W-1
+    # dK/dV exchanges (the first in bf16, one term; the others float32 sums)
     ring = fd._Ring(None)
     kv = (kl.detach(), vl.detach())
     kv32 = tuple(x.float() for x in kv)
@@ -211,15 +212,16 @@ def bench(args, n, results):
     def transfers():
         for t in range(world - 1):
             fd._wait(ring.exchange(kv, tuple(torch.empty_like(x) for x in kv)))
+        for t in range(world - 2):
+            fd._wait(ring.exchange(kv, tuple(torch.empty_like(x) for x in kv), True))
         for t in range(world - 1):
-            fd._wait(ring.exchange(kv, tuple(torch.empty_like(x) for x in kv)))
-            fd._wait(ring.exchange(kv32, tuple(torch.empty_like(x) for x in kv32)))
-        fd._wait(ring.exchange(kv, tuple(torch.empty_like(x) for x in kv)))
+            x = kv if t == 0 else kv32
+            fd._wait(ring.exchange(x, tuple(torch.empty_like(y) for y in x), True))
 
     row["comm_ms"], _ = timed(transfers, iters, 1)
     kvb = 2 * kl.numel() * kl.element_size()
-    row["fwd_step_bytes"] = kvb
-    row["bwd_step_bytes"] = kvb + 2 * kvb  # K/V (bf16) and dK/dV (float32); the last: bf16
+    row["fwd_bytes_per_step"] = kvb  # W-1 steps
+    row["bwd_bytes"] = (world - 2) * kvb + kvb + (world - 2) * 2 * kvb
     del ring, kv, kv32
 
     # the anchor: PyTorch context parallelism around SDPA

@@ -30,6 +30,11 @@ if [ -n "$prebuilt" ]; then
   run_test=0
 else
   stamp "building build-gpu (sm_90)"
+  # NCCL for the C adapter: the toolkit's, else the nvidia-nccl wheel PyTorch brings
+  if [ -z "${NCCL_ROOT:-}" ] && ! ls /usr/local/cuda/include/nccl.h >/dev/null 2>&1; then
+    NCCL_ROOT=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])" 2>/dev/null) &&
+      export NCCL_ROOT
+  fi
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_CUDA_ARCHS=90 \
     -DBUILD_SHARED_LIBS=ON -DFLASHATTN_TESTS=$([ $run_test = 1 ] && echo ON || echo OFF) \
     -DFLASHATTN_BENCH=OFF >"$OUT/build.log" 2>&1 &&
@@ -37,12 +42,16 @@ else
     tail -30 "$OUT/build.log"
     exit 1
   }
-  (cd build-gpu && tar cJf "$OUT/build-gpu-lib.tar.xz" libflashattn.so*)
+  (cd build-gpu && tar cJf "$OUT/build-gpu-lib.tar.xz" libflashattn.so* libflashattn_nccl.so* 2>/dev/null)
 fi
 if [ $run_test = 1 ]; then
   stamp "test_cuda --small"
   timeout 150 ./build-gpu/bin/test_cuda --small >"$OUT/test_cuda.log" 2>&1 || status=1
   tail -3 "$OUT/test_cuda.log"
+  if [ -x build-gpu/bin/test_ring_nccl ]; then
+    stamp "test_ring_nccl (the C ring over NCCL, every GPU)"
+    timeout 120 ./build-gpu/bin/test_ring_nccl 2>&1 | tee "$OUT/test_ring_nccl.log" || status=1
+  fi
 fi
 export FLASHATTN_LIBRARY=$PWD/build-gpu/libflashattn.so PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 stamp "bench_ring.py on $gpus GPUs ${args[*]:-}"

@@ -188,11 +188,13 @@ class _Ring:
         self.next = glob(group, (self.rank + 1) % self.world)
         self.prev = glob(group, (self.rank - 1) % self.world)
 
-    def exchange(self, send, recv):
+    def exchange(self, send, recv, backward=False):
         """Starts sending each tensor of send to the next rank and receiving each of recv
-        from the previous one; returns the works to wait on."""
-        ops = [dist.P2POp(dist.isend, t, self.next, self.group) for t in send]
-        ops += [dist.P2POp(dist.irecv, t, self.prev, self.group) for t in recv]
+        from the previous one (backward: to the previous, from the next); returns the
+        works to wait on."""
+        to, frm = (self.prev, self.next) if backward else (self.next, self.prev)
+        ops = [dist.P2POp(dist.isend, t, to, self.group) for t in send]
+        ops += [dist.P2POp(dist.irecv, t, frm, self.group) for t in recv]
         return dist.batch_isend_irecv(ops)
 
 
@@ -249,10 +251,14 @@ def _rows_lse(lse, q0, nq):
     return lse[:, :, q0:q0 + nq].contiguous()
 
 
-def _steps(a, n, ring):
-    """[(step, piece)] of every step, in order."""
+def _steps(a, n, ring, backward=False):
+    """[(step, piece)] of every step, in order. The forward's step t holds the K/V block of
+    rank r - t; the backward's that of rank r + 1 + t (the forward's last block first,
+    this rank's own last)."""
+    src = (lambda t: (ring.rank + 1 + t) % ring.world) if backward else (
+        lambda t: (ring.rank - t) % ring.world)
     return [(t, pc) for t in range(ring.world)
-            for pc in _plan(a, n, ring.rank, (ring.rank - t) % ring.world, ring.world)]
+            for pc in _plan(a, n, ring.rank, src(t), ring.world)]
 
 
 def _ring_forward(q, k, v, a, ring):
@@ -281,23 +287,30 @@ def _ring_forward(q, k, v, a, ring):
         _wait(works)
         if nxt is not None:
             kv = nxt
+    # kv: the block of rank r + 1, which the backward takes first
     if acc is None:  # every block hidden (a window shorter than the gap): rows masked
-        return torch.zeros_like(q), q.new_full((b, h, n), float("-inf"), dtype=torch.float32)
-    return acc.to(q.dtype), lse_acc
+        acc = torch.zeros_like(q)
+        lse_acc = q.new_full((b, h, n), float("-inf"), dtype=torch.float32)
+    return acc.to(q.dtype), lse_acc, kv
 
 
-def _ring_backward(dout, q, k, v, out, lse, a, ring):
+def _ring_backward(dout, q, k, v, kv, out, lse, a, ring):
+    """The forward's steps in reverse ring order: step t holds the K/V block of rank
+    r + 1 + t, starting from kv (the forward's last block: no transfer) and ending with
+    this rank's own. Each block's dK/dV sums travel with it, from rank r + 1 to r, and
+    the last rank they reach owns the block: no transfer after the last step."""
     n = q.shape[1]
-    steps = _steps(a, n, ring)
+    steps = _steps(a, n, ring, backward=True)
     dq = _Sum(q)
-    kv, i = (k, v), 0
+    i, last = 0, ring.world - 1
     dkv_in, dkv_works = None, None  # the sums of the block held, on their way here
-    last = ring.world - 1
     for t in range(ring.world):
         works, nxt = None, None
-        if t < last and COMMUNICATE:
+        if t + 1 < last and COMMUNICATE:
             nxt = (torch.empty_like(k), torch.empty_like(v))
-            works = ring.exchange(kv, nxt)
+            works = ring.exchange(kv, nxt, backward=True)
+        elif t + 1 == last or not COMMUNICATE:
+            nxt = (k, v)  # this rank's own block, last
         mine = []
         while i < len(steps) and steps[i][0] == t:
             pc, i = steps[i][1], i + 1
@@ -308,7 +321,7 @@ def _ring_backward(dout, q, k, v, out, lse, a, ring):
                                    pc.shard)
             dq.add(pc.q0, gq, last=i == len(steps))
             mine.append((pc.k0, gk, gv))
-        # this block's sums: what came from the previous ranks, then this rank's terms
+        # this block's sums: what came from the ranks before, then this rank's terms
         dk, dv = _Sum(k), _Sum(v)
         if dkv_works is not None:
             _wait(dkv_works)
@@ -316,36 +329,35 @@ def _ring_backward(dout, q, k, v, out, lse, a, ring):
         for j, (k0, gk, gv) in enumerate(mine):
             final = t == last and j == len(mine) - 1
             dk.add(k0, gk, last=final), dv.add(k0, gv, last=final)
-        # on to the next rank: the sums so far, or after the last step the block's dK, dV
-        # (in k's dtype) to the rank that owns it
-        send = (dk.result(k.dtype), dv.result(v.dtype)) if t == last else (
-            dk.result(dk.t.dtype if dk.t is not None else k.dtype),
-            dv.result(dv.t.dtype if dv.t is not None else v.dtype))
-        if COMMUNICATE and ring.world > 1:
-            dkv_in = tuple(torch.empty_like(x) for x in send)
-            dkv_works = ring.exchange(send, dkv_in)
-        else:
-            dkv_in, dkv_works = send, None
+        if t < last:  # on to the previous rank, in the sums' dtype
+            send = (dk.result(dk.t.dtype if dk.t is not None else k.dtype),
+                    dv.result(dv.t.dtype if dv.t is not None else v.dtype))
+            if COMMUNICATE:
+                dkv_in = tuple(torch.empty_like(x) for x in send)
+                dkv_works = ring.exchange(send, dkv_in, backward=True)
+            else:
+                dkv_in, dkv_works = None, None
         _wait(works)
         if nxt is not None:
             kv = nxt
-    _wait(dkv_works)
-    return dq.result(q.dtype), dkv_in[0].to(k.dtype), dkv_in[1].to(v.dtype)
+    return dq.result(q.dtype), dk.result(k.dtype), dv.result(v.dtype)
 
 
 class _RingFlashAttn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, a, ring):
-        out, lse = _ring_forward(q, k, v, a, ring)
-        ctx.save_for_backward(q, k, v, out, lse)
+        out, lse, kv = _ring_forward(q, k, v, a, ring)
+        # the last block held (rank r + 1's K/V) is the backward's first
+        ctx.save_for_backward(q, k, v, kv[0], kv[1], out, lse)
         ctx.a, ctx.ring = a, ring
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.a, ctx.ring)
+        q, k, v, k1, v1, out, lse = ctx.saved_tensors
+        dq, dk, dv = _ring_backward(dout.contiguous(), q, k, v, (k1, v1), out, lse, ctx.a,
+                                    ctx.ring)
         return dq, dk, dv, None, None
 
 

@@ -239,6 +239,14 @@ static fa_status check_same_shape(const fa_tensor *a, const char *an, const fa_t
     if (st_ != FA_OK) return st_; \
   } while (0)
 
+fa_status fa_check_like(const fa_tensor *t, const char *name, int is_output, const fa_tensor *like,
+                        const char *like_name) {
+  fa_span span;
+  FA_TRY(check_tensor(t, name, is_output, &span));
+  if (t->dtype != like->dtype) return FA_INVALID("%s: dtype differs from %s's", name, like_name);
+  return check_same_shape(t, name, like, like_name);
+}
+
 static fa_status check_shard(const fa_params *p, const fa_tensor *q, const fa_tensor *k) {
   const int64_t lim = INT32_MAX;
   if (p->shard_q_offset < 0 || p->shard_k_offset < 0)

@@ -47,6 +47,11 @@ fa_status fa_cuda_ring_add(const fa_tensor *dst, const fa_tensor *src, int accum
 fa_status fa_cuda_ring_merge(const fa_tensor *acc, const fa_tensor *lacc, const fa_tensor *o,
                              const fa_tensor *l, void *stream);
 
+/* t (named name) is a valid tensor of like's shape and dtype, with data; as an
+ * output, its strides do not make elements overlap (api.c's rules). */
+fa_status fa_check_like(const fa_tensor *t, const char *name, int is_output, const fa_tensor *like,
+                        const char *like_name);
+
 /* Sets the thread's last-error message (printf-style) and returns status. */
 fa_status fa_set_error(fa_status status, const char *fmt, ...)
 #if defined(__GNUC__)

@@ -227,17 +227,6 @@ static void ring_release(const ring_call *c, void *own) {
   free(own);
 }
 
-static fa_status check_like(const fa_tensor *t, const char *name, const fa_tensor *ref,
-                            const char *ref_name) {
-  if (!t || !t->data) return FA_INVALID("%s is NULL or has no data", name);
-  if (t->dtype != ref->dtype || t->batch != ref->batch || t->seqlen != ref->seqlen ||
-      t->heads != ref->heads || t->headdim != ref->headdim)
-    return FA_INVALID("%s must have the shape and dtype of %s", name, ref_name);
-  if (t->stride_batch < 0 || t->stride_seq < 0 || t->stride_head < 0)
-    return FA_INVALID("%s: strides must be >= 0", name);
-  return FA_OK;
-}
-
 /* K and V of a ring buffer: (B, n, Hk, D) contiguous, V after K. */
 static void kv_of(const ring_call *c, char *buf, fa_tensor *K, fa_tensor *V, fa_dtype dt,
                   size_t es) {
@@ -318,7 +307,7 @@ fa_status fa_ring_forward(const fa_params *params, const fa_ring *ring, const fa
                           const fa_tensor *k, const fa_tensor *v, fa_tensor *o, float *lse) {
   ring_call c;
   FA_TRY(ring_setup(&c, FA_PASS_FORWARD, params, ring, q, k, v));
-  FA_TRY(check_like(o, "o", q, "q"));
+  FA_TRY(fa_check_like(o, "o", 1, q, "q"));
   char *ws;
   void *own;
   FA_TRY(ring_workspace(&c, &ws, &own));
@@ -420,11 +409,11 @@ fa_status fa_ring_backward(const fa_params *params, const fa_ring *ring, const f
                            fa_tensor *dv) {
   ring_call c;
   FA_TRY(ring_setup(&c, FA_PASS_BACKWARD, params, ring, q, k, v));
-  FA_TRY(check_like(o, "o", q, "q"));
-  FA_TRY(check_like(dout, "dout", q, "q"));
-  FA_TRY(check_like(dq, "dq", q, "q"));
-  FA_TRY(check_like(dk, "dk", k, "k"));
-  FA_TRY(check_like(dv, "dv", v, "v"));
+  FA_TRY(fa_check_like(o, "o", 1, q, "q"));
+  const fa_tensor *outs[4] = {dout, dq, dk, dv}, *like[4] = {q, q, k, k};
+  const char *names[4] = {"dout", "dq", "dk", "dv"};
+  for (int i = 0; i < 4; i++)
+    FA_TRY(fa_check_like(outs[i], names[i], i > 0, like[i], i < 2 ? "q" : "k"));
   if (!lse) return FA_INVALID("lse is NULL: the backward pass needs the forward's lse");
   char *ws;
   void *own;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "attn.h"
+#include "ring_rows.h"
 #include "util.h"
 
 #define RT_MAXW 4
@@ -118,43 +119,13 @@ typedef struct rt_job {
   int exchanges;
 } rt_job;
 
-static void rt_positions(const rcfg *c, int rank, int64_t *pos) {
-  const int n = c->n, h = n / 2;
-  for (int i = 0; i < n; i++)
-    pos[i] = c->layout == FA_RING_CONTIGUOUS ? (int64_t)rank * n + i
-             : i < h                         ? (int64_t)rank * h + i
-                                             : (int64_t)(2 * c->W - 1 - rank) * h + (i - h);
-}
-
 static fa_params rt_params(const rcfg *c, const float *slopes, uint64_t seed) {
-  fa_params p = {0};
-  p.causal = c->causal;
-  p.window_enabled = c->window;
-  p.window_left = c->wl;
-  p.window_right = c->wr;
-  p.dropout_p = c->p;
-  p.dropout_seed = seed;
-  p.dropout_offset = seed >> 9;
-  p.softcap = c->softcap;
-  p.alibi_slopes = c->alibi ? slopes : NULL;
+  const tu_variant var = {c->causal, c->window,  c->wl,
+                          c->wr,     c->softcap, c->alibi ? slopes : NULL,
+                          c->p,      seed,       seed >> 9};
+  fa_params p = tu_params(&var);
   p.num_threads = 1;
   return p;
-}
-
-/* Rows pos[] of a whole-sequence (B, N, H, D) array, to or from a local one. */
-static void rt_gather(float *local, const float *whole, const int64_t *pos, int B, int n, int N,
-                      int HD) {
-  for (int b = 0; b < B; b++)
-    for (int i = 0; i < n; i++)
-      memcpy(local + ((size_t)b * n + i) * HD, whole + ((size_t)b * N + pos[i]) * HD,
-             sizeof(float) * HD);
-}
-static void rt_scatter(float *whole, const float *local, const int64_t *pos, int B, int n, int N,
-                       int HD) {
-  for (int b = 0; b < B; b++)
-    for (int i = 0; i < n; i++)
-      memcpy(whole + ((size_t)b * N + pos[i]) * HD, local + ((size_t)b * n + i) * HD,
-             sizeof(float) * HD);
 }
 
 static void *rt_rank(void *arg) {
@@ -162,41 +133,32 @@ static void *rt_rank(void *arg) {
   const rcfg *c = j->c;
   const int B = c->B, H = c->H, Hk = c->Hk, D = c->D, n = c->n, N = c->n * c->W;
   int64_t pos[256];
-  rt_positions(c, j->rank, pos);
+  ring_positions(c->layout, c->W, c->n, j->rank, pos);
   const size_t nq = (size_t)B * n * H * D, nk = (size_t)B * n * Hk * D;
   float *m = malloc(sizeof(float) * (5 * nq + 4 * nk + (size_t)B * H * n));
   float *q = m, *o = q + nq, *dout = o + nq, *dq = dout + nq, *scratch = dq + nq;
   float *k = scratch + nq, *v = k + nk, *dk = v + nk, *dv = dk + nk, *lse = dv + nk;
-  rt_gather(q, j->q, pos, B, n, N, H * D);
-  rt_gather(dout, j->dout, pos, B, n, N, H * D);
-  rt_gather(k, j->k, pos, B, n, N, Hk * D);
-  rt_gather(v, j->v, pos, B, n, N, Hk * D);
+  ring_rows(q, (void *)j->q, pos, B, n, N, sizeof(float) * H * D, 1);
+  ring_rows(dout, (void *)j->dout, pos, B, n, N, sizeof(float) * H * D, 1);
+  ring_rows(k, (void *)j->k, pos, B, n, N, sizeof(float) * Hk * D, 1);
+  ring_rows(v, (void *)j->v, pos, B, n, N, sizeof(float) * Hk * D, 1);
   /* o and the gradients poisoned: every element must be written */
   memset(o, 0xFF, sizeof(float) * nq), memset(dq, 0xFF, sizeof(float) * nq);
   memset(dk, 0xFF, sizeof(float) * nk), memset(dv, 0xFF, sizeof(float) * nk);
   rt_port port = {j->hub, j->rank, {{0}}, 0, 0};
   fa_ring ring = {j->rank, c->W, c->layout, &port, rt_exchange, rt_wait};
   fa_params p = rt_params(c, j->slopes, j->seed);
-  fa_tensor tq = fa_tensor_bnhd(q, FA_DTYPE_F32, B, n, H, D),
-            to = fa_tensor_bnhd(o, FA_DTYPE_F32, B, n, H, D);
-  fa_tensor tk = fa_tensor_bnhd(k, FA_DTYPE_F32, B, n, Hk, D),
-            tv = fa_tensor_bnhd(v, FA_DTYPE_F32, B, n, Hk, D);
-  fa_tensor tdo = fa_tensor_bnhd(dout, FA_DTYPE_F32, B, n, H, D),
-            tdq = fa_tensor_bnhd(dq, FA_DTYPE_F32, B, n, H, D);
-  fa_tensor tdk = fa_tensor_bnhd(dk, FA_DTYPE_F32, B, n, Hk, D),
-            tdv = fa_tensor_bnhd(dv, FA_DTYPE_F32, B, n, Hk, D);
-  j->st = fa_ring_forward(&p, &ring, &tq, &tk, &tv, &to, lse);
-  if (j->st == FA_OK)
-    j->st = fa_ring_backward(&p, &ring, &tq, &tk, &tv, &to, &tdo, lse, &tdq, &tdk, &tdv);
+  void *const ptr[8] = {q, k, v, o, dout, dq, dk, dv};
+  j->st = ring_run(&p, &ring, ptr, lse, FA_DTYPE_F32, B, n, H, Hk, D);
   if (j->st != FA_OK) {
     snprintf(j->err, sizeof j->err, "%s", fa_last_error());
     rt_abort(j->hub);
   }
   j->exchanges = port.exchanges;
-  rt_scatter(j->o, o, pos, B, n, N, H * D);
-  rt_scatter(j->dq, dq, pos, B, n, N, H * D);
-  rt_scatter(j->dk, dk, pos, B, n, N, Hk * D);
-  rt_scatter(j->dv, dv, pos, B, n, N, Hk * D);
+  ring_rows(o, j->o, pos, B, n, N, sizeof(float) * H * D, 0);
+  ring_rows(dq, j->dq, pos, B, n, N, sizeof(float) * H * D, 0);
+  ring_rows(dk, j->dk, pos, B, n, N, sizeof(float) * Hk * D, 0);
+  ring_rows(dv, j->dv, pos, B, n, N, sizeof(float) * Hk * D, 0);
   for (int b = 0; b < B; b++) /* lse (B, H, n) -> (B, H, N) */
     for (int h = 0; h < H; h++)
       for (int i = 0; i < n; i++)
@@ -326,6 +288,8 @@ static void t_ring_validation(const void *arg) {
   fa_tensor odd = fa_tensor_bnhd(buf, FA_DTYPE_F32, 2, 7, 2, 8);
   fa_tensor odd_o = fa_tensor_bnhd(buf + 256, FA_DTYPE_F32, 2, 7, 2, 8);
   fa_ring one = {0, 1, FA_RING_ZIGZAG, NULL, NULL, NULL};
+  /* one case a line */
+  /* clang-format off */
   struct {
     const char *what;
     fa_ring ring;
@@ -334,80 +298,18 @@ static void t_ring_validation(const void *arg) {
     fa_status want;
     const char *says;
   } cases[] = {
-      {"size 0",
-       {0, 0, FA_RING_ZIGZAG, NULL, NULL, NULL},
-       0,
-       0,
-       0,
-       0,
-       FA_ERR_INVALID_ARGUMENT,
-       "rank"},
-      {"rank past size",
-       {2, 2, FA_RING_ZIGZAG, NULL, rt_fail_exchange, rt_nop_wait},
-       0,
-       0,
-       0,
-       0,
-       FA_ERR_INVALID_ARGUMENT,
-       "rank"},
-      {"unknown layout",
-       {0, 1, (fa_ring_layout)7, NULL, NULL, NULL},
-       0,
-       0,
-       0,
-       0,
-       FA_ERR_INVALID_ARGUMENT,
-       "layout"},
-      {"no callbacks",
-       {0, 2, FA_RING_ZIGZAG, NULL, NULL, NULL},
-       0,
-       0,
-       0,
-       0,
-       FA_ERR_INVALID_ARGUMENT,
-       "exchange"},
-      {"shard_enabled",
-       {0, 1, FA_RING_ZIGZAG, NULL, NULL, NULL},
-       1,
-       0,
-       0,
-       0,
-       FA_ERR_INVALID_ARGUMENT,
-       "shard"},
-      {"varlen",
-       {0, 1, FA_RING_ZIGZAG, NULL, NULL, NULL},
-       0,
-       1,
-       0,
-       0,
-       FA_ERR_UNSUPPORTED,
-       "cu_seqlens"},
-      {"odd zigzag",
-       {0, 1, FA_RING_ZIGZAG, NULL, NULL, NULL},
-       0,
-       0,
-       1,
-       0,
-       FA_ERR_INVALID_ARGUMENT,
-       "even"},
-      {"dropout, chunks of 7 rows",
-       {0, 1, FA_RING_CONTIGUOUS, NULL, NULL, NULL},
-       0,
-       0,
-       1,
-       0.1f,
-       FA_ERR_INVALID_ARGUMENT,
-       "multiple of 4"},
-      {"transport error",
-       {0, 2, FA_RING_CONTIGUOUS, NULL, rt_fail_exchange, rt_nop_wait},
-       0,
-       0,
-       0,
-       0,
-       FA_ERR_DEVICE,
-       "exchange"},
-      {"one rank", {0, 1, FA_RING_ZIGZAG, NULL, NULL, NULL}, 0, 0, 0, 0.25f, FA_OK, ""},
+    {"size 0", {0, 0, FA_RING_ZIGZAG, NULL, NULL, NULL}, 0, 0, 0, 0, FA_ERR_INVALID_ARGUMENT, "rank"},
+    {"rank past size", {2, 2, FA_RING_ZIGZAG, NULL, rt_fail_exchange, rt_nop_wait}, 0, 0, 0, 0, FA_ERR_INVALID_ARGUMENT, "rank"},
+    {"unknown layout", {0, 1, (fa_ring_layout)7, NULL, NULL, NULL}, 0, 0, 0, 0, FA_ERR_INVALID_ARGUMENT, "layout"},
+    {"no callbacks", {0, 2, FA_RING_ZIGZAG, NULL, NULL, NULL}, 0, 0, 0, 0, FA_ERR_INVALID_ARGUMENT, "exchange"},
+    {"shard_enabled", {0, 1, FA_RING_ZIGZAG, NULL, NULL, NULL}, 1, 0, 0, 0, FA_ERR_INVALID_ARGUMENT, "shard"},
+    {"varlen", {0, 1, FA_RING_ZIGZAG, NULL, NULL, NULL}, 0, 1, 0, 0, FA_ERR_UNSUPPORTED, "cu_seqlens"},
+    {"odd zigzag", {0, 1, FA_RING_ZIGZAG, NULL, NULL, NULL}, 0, 0, 1, 0, FA_ERR_INVALID_ARGUMENT, "even"},
+    {"dropout, chunks of 7 rows", {0, 1, FA_RING_CONTIGUOUS, NULL, NULL, NULL}, 0, 0, 1, 0.1f, FA_ERR_INVALID_ARGUMENT, "multiple of 4"},
+    {"transport error", {0, 2, FA_RING_CONTIGUOUS, NULL, rt_fail_exchange, rt_nop_wait}, 0, 0, 0, 0, FA_ERR_DEVICE, "exchange"},
+    {"one rank", {0, 1, FA_RING_ZIGZAG, NULL, NULL, NULL}, 0, 0, 0, 0.25f, FA_OK, ""},
   };
+  /* clang-format on */
   int32_t cu[2] = {0, 8};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     fa_params p = {0};

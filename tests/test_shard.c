@@ -31,17 +31,11 @@ typedef struct sbufs {
 } sbufs;
 
 static fa_params sh_params(const scfg *c, fa_algorithm algo, const float *slopes, uint64_t seed) {
-  fa_params p = {0};
+  const tu_variant var = {c->causal, c->window,  c->wl,
+                          c->wr,     c->softcap, c->alibi ? slopes : NULL,
+                          c->p,      seed,       seed >> 7};
+  fa_params p = tu_params(&var);
   p.algorithm = algo;
-  p.causal = c->causal;
-  p.window_enabled = c->window;
-  p.window_left = c->wl;
-  p.window_right = c->wr;
-  p.softcap = c->softcap;
-  p.alibi_slopes = c->alibi ? slopes : NULL;
-  p.dropout_p = c->p;
-  p.dropout_seed = seed;
-  p.dropout_offset = seed >> 7;
   return p;
 }
 
@@ -268,13 +262,8 @@ static void t_shard_identity(const void *arg) {
   fa_tensor tv = fa_tensor_bnhd(v, FA_DTYPE_F32, 1, N, H, D);
   fa_tensor t1 = fa_tensor_bnhd(o1, FA_DTYPE_F32, 1, N, H, D),
             t2 = fa_tensor_bnhd(o2, FA_DTYPE_F32, 1, N, H, D);
-  fa_params p = {0};
-  p.causal = 1;
-  p.window_enabled = 1;
-  p.window_left = 9;
-  p.window_right = -1;
-  p.dropout_p = 0.25f;
-  p.dropout_seed = 99;
+  const tu_variant var = {1, 1, 9, -1, 0.0f, NULL, 0.25f, 99, 0};
+  const fa_params p = tu_params(&var);
   fa_params s = p;
   s.shard_enabled = 1;
   if (fa_forward(&p, &tq, &tk, &tv, &t1, lse1) != FA_OK ||
@@ -334,40 +323,40 @@ static void t_shard_validation(const void *arg) {
   }
 }
 
-static void shard_add(const char *name, const scfg *c) {
-  tr_add(name, t_shard_case, c, sizeof *c, 0);
-}
-
 void register_shard_tests(void) {
   tr_add("shard/identity", t_shard_identity, NULL, 0, 0);
   tr_add("shard/validation", t_shard_validation, NULL, 0, 0);
+  /* uneven blocks, the first of two rows (the CPU's decode path); every algorithm */
+  const scfg base = {FA_ALGO_FLASH2,    FA_DTYPE_F32, 2, 4, 2, 70, 16, 1, 0, 0, 0, 0, 0, 0, 4,
+                     {0, 2, 29, 48, 70}};
+  const scfg drop = {FA_ALGO_FLASH2, FA_DTYPE_F32, 1, 3, 3, 64, 32, 1, 0, 0, 0, 0, 0.2f, 0, 3,
+                     {0, 16, 40, 64}};
+  struct {
+    const char *name;
+    scfg c;
+  } v[6] = {{"f32/causal/gqa", base},
+            {"f32/window11-5/gqa", base},
+            {"f32/causal-window20/alibi/softcap", base},
+            {"f32/causal/dropout", drop},
+            {"f32/window7-12/dropout", drop},
+            {"bf16/causal/dropout", drop}};
+  v[1].c.causal = 0, v[1].c.window = 1, v[1].c.wl = 11, v[1].c.wr = 5;
+  v[2].c.window = 1, v[2].c.wl = 20, v[2].c.alibi = 1, v[2].c.softcap = 3.0f;
+  v[4].c.causal = 0, v[4].c.window = 1, v[4].c.wl = 7, v[4].c.wr = 12, v[4].c.nblk = 4;
+  memcpy(v[4].c.cut, (int[]){0, 4, 20, 36, 64}, sizeof(int) * 5);
+  v[5].c.dt = FA_DTYPE_BF16;
   const fa_algorithm algos[3] = {FA_ALGO_FLASH2, FA_ALGO_FLASH1, FA_ALGO_STANDARD};
   char name[160];
-  for (int a = 0; a < 3; a++) {
-    const char *an = tu_algo_name(algos[a]);
-    /* uneven blocks, the first of two rows (the CPU's decode path) */
-    scfg c = {algos[a], FA_DTYPE_F32, 2, 4, 2, 70, 16, 1, 0, 0, 0, 0, 0, 0, 4, {0, 2, 29, 48, 70}};
-    snprintf(name, sizeof name, "shard/%s/f32/causal/gqa", an);
-    shard_add(name, &c);
-    c.window = 1, c.wl = 11, c.wr = 5, c.causal = 0;
-    snprintf(name, sizeof name, "shard/%s/f32/window11-5/gqa", an);
-    shard_add(name, &c);
-    c.causal = 1, c.wl = 20, c.alibi = 1, c.softcap = 3.0f;
-    snprintf(name, sizeof name, "shard/%s/f32/causal-window20/alibi/softcap", an);
-    shard_add(name, &c);
-    scfg d = {algos[a], FA_DTYPE_F32, 1, 3, 3, 64, 32, 1, 0, 0, 0, 0, 0.2f, 0, 3, {0, 16, 40, 64}};
-    snprintf(name, sizeof name, "shard/%s/f32/causal/dropout", an);
-    shard_add(name, &d);
-    d.causal = 0, d.window = 1, d.wl = 7, d.wr = 12, d.nblk = 4;
-    d.cut[1] = 4, d.cut[2] = 20, d.cut[3] = 36, d.cut[4] = 64;
-    snprintf(name, sizeof name, "shard/%s/f32/window7-12/dropout", an);
-    shard_add(name, &d);
-    d.dt = FA_DTYPE_BF16, d.window = 0, d.causal = 1;
-    snprintf(name, sizeof name, "shard/%s/bf16/causal/dropout", an);
-    shard_add(name, &d);
-  }
+  for (int a = 0; a < 3; a++)
+    for (int i = 0; i < 6; i++) {
+      scfg c = v[i].c;
+      c.algo = algos[a];
+      snprintf(name, sizeof name, "shard/%s/%s", tu_algo_name(algos[a]), v[i].name);
+      tr_add(name, t_shard_case, &c, sizeof c, 0);
+    }
   /* the oracle's own shard path: float64, to rounding */
-  scfg f = {FA_ALGO_STANDARD, FA_DTYPE_F64, 1, 2, 1, 45, 8, 1, 1, 6, 3, 2.0f, 0.3f, 1, 3,
-            {0, 8, 20, 45}};
-  shard_add("shard/standard/f64/causal-window6-3/alibi/softcap/dropout", &f);
+  const scfg f = {FA_ALGO_STANDARD, FA_DTYPE_F64, 1, 2, 1, 45, 8, 1, 1, 6, 3, 2.0f, 0.3f, 1, 3,
+                  {0, 8, 20, 45}};
+  tr_add("shard/standard/f64/causal-window6-3/alibi/softcap/dropout", t_shard_case, &f, sizeof f,
+         0);
 }

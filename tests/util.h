@@ -75,6 +75,18 @@ void tu_store(void *base, fa_dtype dt, size_t idx, double x);
 const char *tu_dtype_name(fa_dtype dt);
 const char *tu_algo_name(fa_algorithm a);
 
+/* The variant of a test case as fa_params (the rest zero): masks, softcap,
+ * ALiBi slopes (or NULL), dropout with seed and offset. */
+typedef struct tu_variant {
+  int causal, window;
+  int64_t wl, wr;
+  float softcap;
+  const float *slopes;
+  float p;
+  uint64_t seed, offset;
+} tu_variant;
+fa_params tu_params(const tu_variant *v);
+
 /* ---- guarded, poisoned buffers ------------------------------------------ */
 
 #define TU_GUARD 64 /* poison elements before and after every allocation */

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../ring_rows.h"
 #include "flashattn.h"
 #include "flashattn_nccl.h"
 
@@ -58,14 +59,6 @@ static fa_params params_of(const cfg *c) {
   return p;
 }
 
-static void positions(const cfg *c, int W, int rank, int64_t *pos) {
-  const int n = c->n, h = n / 2;
-  for (int i = 0; i < n; i++)
-    pos[i] = c->layout == FA_RING_CONTIGUOUS ? (int64_t)rank * n + i
-             : i < h                         ? (int64_t)rank * h + i
-                                             : (int64_t)(2 * W - 1 - rank) * h + (i - h);
-}
-
 typedef struct job {
   const cfg *c;
   int W, rank;
@@ -85,32 +78,22 @@ typedef struct job {
     }                                                                       \
   } while (0)
 
-/* rows pos[] of a whole (B, N, HD) bf16 array <-> a local (B, n, HD) one */
-static void gather(uint16_t *dst, const uint16_t *src, const int64_t *pos, int B, int n, int N,
-                   int HD, int to_local) {
-  for (int b = 0; b < B; b++)
-    for (int i = 0; i < n; i++) {
-      const size_t l = ((size_t)b * n + i) * HD, w = ((size_t)b * N + pos[i]) * HD;
-      memcpy(dst + (to_local ? l : w), src + (to_local ? w : l), 2 * (size_t)HD);
-    }
-}
-
 static void *rank_main(void *arg) {
   job *j = arg;
   const cfg *c = j->c;
   const int B = c->B, H = c->H, Hk = c->Hk, D = c->D, n = c->n, N = n * j->W;
   const size_t nq = (size_t)B * n * H * D, nk = (size_t)B * n * Hk * D;
   int64_t pos[4096];
-  positions(c, j->W, j->rank, pos);
+  ring_positions(c->layout, j->W, n, j->rank, pos);
   cudaError_t e = cudaSetDevice(j->rank);
   CK(e);
   uint16_t *h = malloc(2 * (4 * nq + 4 * nk));
   uint16_t *hq = h, *hdo = hq + nq, *ho = hdo + nq, *hdq = ho + nq, *hk = hdq + nq, *hv = hk + nk,
            *hdk = hv + nk, *hdv = hdk + nk;
-  gather(hq, j->q, pos, B, n, N, H * D, 1);
-  gather(hdo, j->dout, pos, B, n, N, H * D, 1);
-  gather(hk, j->k, pos, B, n, N, Hk * D, 1);
-  gather(hv, j->v, pos, B, n, N, Hk * D, 1);
+  ring_rows(hq, (void *)j->q, pos, B, n, N, 2 * (size_t)H * D, 1);
+  ring_rows(hdo, (void *)j->dout, pos, B, n, N, 2 * (size_t)H * D, 1);
+  ring_rows(hk, (void *)j->k, pos, B, n, N, 2 * (size_t)Hk * D, 1);
+  ring_rows(hv, (void *)j->v, pos, B, n, N, 2 * (size_t)Hk * D, 1);
   void *d;
   float *lse;
   e = cudaMalloc(&d, 2 * (4 * nq + 4 * nk));
@@ -132,26 +115,17 @@ static void *rank_main(void *arg) {
   fa_params p = params_of(c);
   p.device = FA_DEVICE_CUDA;
   p.stream = s;
-  fa_tensor tq = fa_tensor_bnhd(dq_, FA_DTYPE_BF16, B, n, H, D),
-            to = fa_tensor_bnhd(dout_o, FA_DTYPE_BF16, B, n, H, D);
-  fa_tensor tk = fa_tensor_bnhd(dk_, FA_DTYPE_BF16, B, n, Hk, D),
-            tv = fa_tensor_bnhd(dv_, FA_DTYPE_BF16, B, n, Hk, D);
-  fa_tensor tdo = fa_tensor_bnhd(ddo, FA_DTYPE_BF16, B, n, H, D),
-            tdq = fa_tensor_bnhd(ddq, FA_DTYPE_BF16, B, n, H, D);
-  fa_tensor tdk = fa_tensor_bnhd(ddk, FA_DTYPE_BF16, B, n, Hk, D),
-            tdv = fa_tensor_bnhd(ddv, FA_DTYPE_BF16, B, n, Hk, D);
-  if (j->st == FA_OK) j->st = fa_ring_forward(&p, &ring, &tq, &tk, &tv, &to, lse);
-  if (j->st == FA_OK)
-    j->st = fa_ring_backward(&p, &ring, &tq, &tk, &tv, &to, &tdo, lse, &tdq, &tdk, &tdv);
+  void *const ptr[8] = {dq_, dk_, dv_, dout_o, ddo, ddq, ddk, ddv};
+  if (j->st == FA_OK) j->st = ring_run(&p, &ring, ptr, lse, FA_DTYPE_BF16, B, n, H, Hk, D);
   if (j->st != FA_OK) snprintf(j->err, sizeof j->err, "%s", fa_last_error());
   e = cudaStreamSynchronize(s);
   CK(e);
   e = cudaMemcpy(h, d, 2 * (4 * nq + 4 * nk), cudaMemcpyDeviceToHost);
   CK(e);
-  gather(j->o, ho, pos, B, n, N, H * D, 0);
-  gather(j->dq, hdq, pos, B, n, N, H * D, 0);
-  gather(j->dk, hdk, pos, B, n, N, Hk * D, 0);
-  gather(j->dv, hdv, pos, B, n, N, Hk * D, 0);
+  ring_rows(ho, j->o, pos, B, n, N, 2 * (size_t)H * D, 0);
+  ring_rows(hdq, j->dq, pos, B, n, N, 2 * (size_t)H * D, 0);
+  ring_rows(hdk, j->dk, pos, B, n, N, 2 * (size_t)Hk * D, 0);
+  ring_rows(hdv, j->dv, pos, B, n, N, 2 * (size_t)Hk * D, 0);
   fa_ring_nccl_destroy(&net);
   cudaStreamDestroy(s);
   cudaFree(d);

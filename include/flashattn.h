@@ -86,6 +86,21 @@ typedef struct fa_params {
   int window_enabled;
   int64_t window_left, window_right;
 
+  /* Shards of one sequence (context parallelism): when shard_enabled, q holds
+   * the query rows at positions [shard_q_offset, shard_q_offset + Nq) of one
+   * self-attention sequence and k, v its keys at [shard_k_offset,
+   * shard_k_offset + Nk). Masks, ALiBi and dropout then use positions: with
+   * I = shard_q_offset + i and J = shard_k_offset + j, row i sees key j iff
+   * I - window_left <= J <= I + window_right (causal: J <= I), ALiBi adds
+   * -slope * |I - J| and dropout draws element (I, J) (docs/DROPOUT.md). So
+   * the blocks of a sharded sequence, merged by their lse, give the whole
+   * sequence's attention (ring attention: fa_ring_forward). Offsets >= 0 and
+   * offset + seqlen <= 2^31 - 1; shard_k_offset a multiple of 4 with dropout
+   * (one Philox call draws four neighbouring keys). Not with cu_seqlens,
+   * seqused_k or block_mask. */
+  int shard_enabled;
+  int64_t shard_q_offset, shard_k_offset;
+
   /* Logit soft-capping: s = softcap * tanh(s / softcap), applied to the scaled
    * score before masks and ALiBi. 0 disables. */
   float softcap;
@@ -225,6 +240,63 @@ fa_status fa_block_mask_from_indices(const int32_t *counts, const int32_t *indic
                                      int64_t max_blocks, int64_t key_blocks, uint8_t *mask);
 fa_status fa_block_mask_to_indices(const uint8_t *mask, int64_t rows, int64_t key_blocks,
                                    int32_t *counts, int32_t *indices);
+
+/* ---- Context parallelism: ring attention ------------------------------------
+ * W ranks (processes, GPUs) each hold a shard of one self-attention sequence:
+ * q, k, v of seqlen n (every rank the same n and shapes), placed by the
+ * layout. K/V shards travel around the ring while each rank attends its
+ * queries to the block it holds (fa_params.shard_enabled, at the block's
+ * positions) and merges the partial results by their lse; the backward pass
+ * sends the dK/dV sums around behind their block. The result equals
+ * fa_forward / fa_backward of the whole sequence, restricted to this rank's
+ * rows: masks, ALiBi and dropout are the whole sequence's, fully masked
+ * blocks are skipped. The transport is the caller's (fa_ring's callbacks:
+ * NCCL through include/flashattn_nccl.h, MPI, shared memory, ...). */
+
+typedef enum fa_ring_layout {
+  FA_RING_ZIGZAG = 0,    /* 2W chunks of n/2: rank r holds chunks r and 2W-1-r (causal balance) */
+  FA_RING_CONTIGUOUS = 1 /* rank r holds positions [r n, (r+1) n) */
+} fa_ring_layout;
+
+/* One rank's view of the ring. Every rank calls fa_ring_forward (or
+ * fa_ring_backward) together, and the calls issue the same sequence of
+ * exchanges on every rank. */
+typedef struct fa_ring {
+  int rank, size; /* 0 <= rank < size */
+  fa_ring_layout layout;
+  void *ctx; /* handed to the callbacks */
+  /* Starts sending `bytes` bytes at send to rank send_to and receiving as
+   * many from rank recv_from into recv (device memory on CUDA), and may
+   * return before they arrive. On CUDA the transfer must follow the work
+   * queued on stream so far (which wrote send). send is not modified and
+   * recv not read until wait returns. */
+  fa_status (*exchange)(void *ctx, const void *send, int send_to, void *recv, int recv_from,
+                        size_t bytes, void *stream);
+  /* Completes every exchange started: on the CPU it returns once they are
+   * done; on CUDA, work queued on stream afterwards runs after them. */
+  fa_status (*wait)(void *ctx, void *stream);
+} fa_ring;
+
+/* This rank's forward: o and lse (laid out as fa_forward's) of its rows.
+ * params as for fa_forward (shard_enabled, cu_seqlens, seqused_k and
+ * block_mask not taken; dropout needs n/2 (zigzag) or n (contiguous) a
+ * multiple of 4). */
+fa_status fa_ring_forward(const fa_params *params, const fa_ring *ring, const fa_tensor *q,
+                          const fa_tensor *k, const fa_tensor *v, fa_tensor *o, float *lse);
+
+/* This rank's backward: dq of its rows, dk and dv of its keys (summed over
+ * every rank's queries), from the forward's o and lse. */
+fa_status fa_ring_backward(const fa_params *params, const fa_ring *ring, const fa_tensor *q,
+                           const fa_tensor *k, const fa_tensor *v, const fa_tensor *o,
+                           const fa_tensor *dout, const float *lse, fa_tensor *dq, fa_tensor *dk,
+                           fa_tensor *dv);
+
+/* Scratch bytes fa_ring_forward / fa_ring_backward need (params.workspace,
+ * or the call allocates them): O(n) for this rank's shard, the K/V blocks in
+ * flight and float32 accumulators included. */
+fa_status fa_ring_workspace_size(fa_pass pass, const fa_params *params, const fa_ring *ring,
+                                 const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                                 size_t *bytes);
 
 /* 1 if this build and machine can run on the device, else 0. */
 int fa_device_available(fa_device device);

@@ -229,6 +229,39 @@ static fa_status check_same_shape(const fa_tensor *a, const char *an, const fa_t
     if (st_ != FA_OK) return st_; \
   } while (0)
 
+fa_status fa_check_like(const fa_tensor *t, const char *name, int is_output, const fa_tensor *like,
+                        const char *like_name) {
+  fa_span span;
+  FA_TRY(check_tensor(t, name, is_output, &span));
+  if (t->dtype != like->dtype) return FA_INVALID("%s: dtype differs from %s's", name, like_name);
+  return check_same_shape(t, name, like, like_name);
+}
+
+static fa_status check_shard(const fa_params *p, const fa_tensor *q, const fa_tensor *k) {
+  const int64_t lim = INT32_MAX;
+  if (p->shard_q_offset < 0 || p->shard_k_offset < 0)
+    return FA_INVALID("params.shard_q_offset and shard_k_offset must be >= 0 (got %lld, %lld)",
+                      (long long)p->shard_q_offset, (long long)p->shard_k_offset);
+  if (p->shard_q_offset > lim - q->seqlen || p->shard_k_offset > lim - k->seqlen)
+    return FA_INVALID(
+        "params.shard_q_offset + q's seqlen and shard_k_offset + k's seqlen must be <= 2^31 - 1 "
+        "(got %lld + %lld, %lld + %lld)",
+        (long long)p->shard_q_offset, (long long)q->seqlen, (long long)p->shard_k_offset,
+        (long long)k->seqlen);
+  if (p->dropout_p > 0 && p->shard_k_offset % 4)
+    return FA_INVALID(
+        "params.shard_k_offset must be a multiple of 4 with dropout (got %lld): one Philox call "
+        "draws four neighbouring keys",
+        (long long)p->shard_k_offset);
+  if (p->cu_seqlens_q)
+    return fa_set_error(FA_ERR_UNSUPPORTED,
+                        "params.shard_enabled with cu_seqlens: the offsets place one sequence");
+  if (p->seqused_k) return fa_set_error(FA_ERR_UNSUPPORTED, "params.shard_enabled with seqused_k");
+  if (p->block_mask)
+    return fa_set_error(FA_ERR_UNSUPPORTED, "params.shard_enabled with a block_mask");
+  return FA_OK;
+}
+
 static fa_status check_params(const fa_params *p, const fa_tensor *q, const fa_tensor *k) {
   if (p->device != FA_DEVICE_CPU && p->device != FA_DEVICE_CUDA)
     return FA_INVALID("params.device: unknown device %d", (int)p->device);
@@ -294,6 +327,7 @@ static fa_status check_params(const fa_params *p, const fa_tensor *q, const fa_t
                           (long long)s, (int)p->seqused_k[s], (long long)len);
     }
   }
+  if (p->shard_enabled) FA_TRY(check_shard(p, q, k));
   if (p->workspace && p->workspace_bytes == 0)
     return FA_INVALID("params.workspace given with workspace_bytes 0");
   return FA_OK;
@@ -360,6 +394,10 @@ static fa_status make_problem(fa_pass pass, const fa_params *p, const fa_tensor 
     pb->max_seqlen_k = 0;
     for (int64_t s = 0; s < pb->batch; s++)
       if (p->seqused_k[s] > pb->max_seqlen_k) pb->max_seqlen_k = p->seqused_k[s];
+  }
+  if (p->shard_enabled) {
+    pb->q_pos = p->shard_q_offset;
+    pb->k_pos = p->shard_k_offset;
   }
   if (p->block_mask)
     pb->block_mask_stride_row = p->block_mask_stride_row

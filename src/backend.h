@@ -37,6 +37,25 @@ fa_status fa_cuda_probs(const fa_problem *pb); /* no workspace */
 fa_status fa_cuda_alloc(void **ptr, size_t bytes, void *stream);
 void fa_cuda_free(void *ptr, void *stream);
 
+/* Ring attention's elementwise steps (src/ring.c), on each device; tensors of
+ * one shape (lse-shaped ones as headdim 1), float32 accumulators.
+ *   ring_add: dst = src (or fill, src NULL), plus dst's old value if accumulate
+ *   ring_merge: (acc, lacc) = their log-sum-exp merge with (o, l); a row whose
+ *     l is -inf is left as it was, one whose lacc is -inf takes (o, l) */
+fa_status fa_cpu_ring_add(const fa_tensor *dst, const fa_tensor *src, int accumulate, float fill,
+                          int num_threads);
+fa_status fa_cpu_ring_merge(const fa_tensor *acc, const fa_tensor *lacc, const fa_tensor *o,
+                            const fa_tensor *l, int num_threads);
+fa_status fa_cuda_ring_add(const fa_tensor *dst, const fa_tensor *src, int accumulate, float fill,
+                           void *stream);
+fa_status fa_cuda_ring_merge(const fa_tensor *acc, const fa_tensor *lacc, const fa_tensor *o,
+                             const fa_tensor *l, void *stream);
+
+/* t (named name) is a valid tensor of like's shape and dtype, with data; as an
+ * output, its strides do not make elements overlap (api.c's rules). */
+fa_status fa_check_like(const fa_tensor *t, const char *name, int is_output, const fa_tensor *like,
+                        const char *like_name);
+
 /* Sets the thread's last-error message (printf-style) and returns status. */
 fa_status fa_set_error(fa_status status, const char *fmt, ...)
 #if defined(__GNUC__)

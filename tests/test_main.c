@@ -112,6 +112,8 @@ int main(int argc, char **argv) {
   register_forward_tests();
   register_backward_tests();
   register_extension_tests();
+  register_shard_tests();
+  register_ring_tests();
 
   int passed = 0, failed = 0;
   double t_all = now_s();

@@ -166,6 +166,19 @@ const char *tu_algo_name(fa_algorithm a) {
   return "?";
 }
 
+fa_params tu_params(const tu_variant *v) {
+  const fa_params p = {.causal = v->causal,
+                       .window_enabled = v->window,
+                       .window_left = v->wl,
+                       .window_right = v->wr,
+                       .softcap = v->softcap,
+                       .alibi_slopes = v->slopes,
+                       .dropout_p = v->p,
+                       .dropout_seed = v->seed,
+                       .dropout_offset = v->offset};
+  return p;
+}
+
 /* ---- guarded buffers -------------------------------------------------------- */
 
 void tu_buf_alloc(tu_buf *b, size_t n, size_t esize) {

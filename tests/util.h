@@ -45,6 +45,8 @@ void register_forward_tests(void);
 void register_backward_tests(void);
 void register_validation_tests(void);
 void register_extension_tests(void); /* dropout, block-sparse */
+void register_shard_tests(void);     /* fa_params.shard_enabled */
+void register_ring_tests(void);      /* fa_ring_forward, fa_ring_backward */
 
 /* ---- random numbers (splitmix64) ---------------------------------------- */
 
@@ -72,6 +74,18 @@ double tu_load(const void *base, fa_dtype dt, size_t idx);
 void tu_store(void *base, fa_dtype dt, size_t idx, double x);
 const char *tu_dtype_name(fa_dtype dt);
 const char *tu_algo_name(fa_algorithm a);
+
+/* The variant of a test case as fa_params (the rest zero): masks, softcap,
+ * ALiBi slopes (or NULL), dropout with seed and offset. */
+typedef struct tu_variant {
+  int causal, window;
+  int64_t wl, wr;
+  float softcap;
+  const float *slopes;
+  float p;
+  uint64_t seed, offset;
+} tu_variant;
+fa_params tu_params(const tu_variant *v);
 
 /* ---- guarded, poisoned buffers ------------------------------------------ */
 

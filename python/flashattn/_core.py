@@ -18,12 +18,12 @@ class Options:
 
     __slots__ = ("softmax_scale", "causal", "window_enabled", "window_left", "window_right",
                  "softcap", "dropout_p", "dropout_seed", "dropout_offset", "deterministic",
-                 "algorithm", "block_size_q", "block_size_k", "num_threads")
+                 "algorithm", "block_size_q", "block_size_k", "num_threads", "shard")
 
     def __init__(self, softmax_scale=0.0, causal=False, window_enabled=False, window_left=-1,
                  window_right=-1, softcap=0.0, dropout_p=0.0, dropout_seed=0,
                  dropout_offset=0, deterministic=False, algorithm=int(Algorithm.FLASH2),
-                 block_size_q=0, block_size_k=0, num_threads=0):
+                 block_size_q=0, block_size_k=0, num_threads=0, shard=None):
         self.softmax_scale = float(softmax_scale)
         self.causal = bool(causal)
         self.window_enabled = bool(window_enabled)
@@ -38,6 +38,9 @@ class Options:
         self.block_size_q = int(block_size_q)
         self.block_size_k = int(block_size_k)
         self.num_threads = int(num_threads)
+        # (q_offset, k_offset): q and k are shards of one sequence at these positions
+        # (fa_params.shard_enabled); None: a whole sequence
+        self.shard = None if shard is None else (int(shard[0]), int(shard[1]))
 
 
 # The C library reads softmax_scale == 0 as "use 1/sqrt(D)"; an explicit 0 (uniform
@@ -235,6 +238,9 @@ def _prepare(A, q, k, v, opts, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_m
     p.num_threads = max(0, opts.num_threads)
     p.block_size_q = opts.block_size_q
     p.block_size_k = opts.block_size_k
+    if opts.shard is not None:
+        p.shard_enabled = 1
+        p.shard_q_offset, p.shard_k_offset = opts.shard
     p.stream = stream
     qs = A.shape(q)
     num_seqs = qs[0]

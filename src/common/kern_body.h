@@ -854,14 +854,14 @@ static void SFX(dropout)(float *X, int64_t rs, int64_t cs, int64_t nr, int64_t n
                          int64_t r0, int64_t c0, const fa_dropout *d) {
   float mul[4][8];
   for (int64_t t = 0; t < nr; t++) {
-    float *x = X + t * rs - c0 * cs; /* x[j * cs] is key j */
+    float *x = X + t * rs; /* x[(j - c0) * cs] is key j */
     for (int64_t j = c0 & ~(int64_t)3; j < c0 + nc; j += 32) {
-      vi w[4] = {vi_iota((uint32_t)(j >> 2)), vi_set1((uint32_t)(r0 + t)), vi_set1((uint32_t)bh),
-                 vi_set1(d->offset_lo)};
+      vi w[4] = {vi_iota((uint32_t)(j >> 2) + d->col4), vi_set1((uint32_t)(r0 + t) + d->row0),
+                 vi_set1((uint32_t)bh), vi_set1(d->offset_lo)};
       SFX(philox8)(w, d->k0, d->k1);
       for (int q = 0; q < 4; q++) vf_store(mul[q], vf_sel_ge_u(w[q], d->threshold, d->keep_scale));
       const int64_t a = j > c0 ? j : c0, b = j + 32 < c0 + nc ? j + 32 : c0 + nc;
-      for (int64_t k = a; k < b; k++) x[k * cs] *= mul[k & 3][(k - j) >> 2];
+      for (int64_t k = a; k < b; k++) x[(k - c0) * cs] *= mul[k & 3][(k - j) >> 2];
     }
   }
 }

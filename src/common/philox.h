@@ -38,7 +38,8 @@ FA_HD fa_u32x4 fa_philox4x32_10(fa_u32x4 ctr, uint32_t k0, uint32_t k1) {
  * random word drops its element (keep probability 1 - threshold / 2^32). */
 typedef struct fa_dropout {
   uint32_t k0, k1, offset_lo, threshold;
-  float keep_scale; /* 1 / (1 - p), applied to kept probabilities */
+  float keep_scale;    /* 1 / (1 - p), applied to kept probabilities */
+  uint32_t row0, col4; /* a shard's first row and first key / 4 (fa_dropout_at) */
 } fa_dropout;
 
 FA_HD fa_dropout fa_dropout_make(float p, uint64_t seed, uint64_t offset) {
@@ -49,16 +50,25 @@ FA_HD fa_dropout fa_dropout_make(float p, uint64_t seed, uint64_t offset) {
   double t = (double)p * 4294967296.0;
   d.threshold = t >= 4294967295.0 ? 0xFFFFFFFFu : (uint32_t)t;
   d.keep_scale = p > 0 ? 1.0f / (1.0f - p) : 1.0f;
+  d.row0 = d.col4 = 0;
   return d;
+}
+
+/* Rows and keys of this call sit at positions row0 + i and col0 + j of the
+ * sequence (fa_params.shard_enabled; col0 a multiple of 4). */
+FA_HD void fa_dropout_at(fa_dropout *d, int64_t row0, int64_t col0) {
+  d->row0 = (uint32_t)row0;
+  d->col4 = (uint32_t)(col0 >> 2);
 }
 
 /* Random words of columns 4*(j/4) .. 4*(j/4)+3 of row i of attention matrix
  * `bh` (sequence index * heads_q + query head); rows and columns count from
- * the sequence's start. One call serves four neighbouring columns. */
+ * the sequence's start (a shard's from its positions, d->row0 and 4 d->col4).
+ * One call serves four neighbouring columns. */
 FA_HD fa_u32x4 fa_dropout_bits(const fa_dropout *d, uint64_t bh, int64_t i, int64_t j) {
   fa_u32x4 c;
-  c.v[0] = (uint32_t)((uint64_t)j >> 2);
-  c.v[1] = (uint32_t)i;
+  c.v[0] = (uint32_t)((uint64_t)j >> 2) + d->col4;
+  c.v[1] = (uint32_t)i + d->row0;
   c.v[2] = (uint32_t)bh;
   c.v[3] = d->offset_lo;
   return fa_philox4x32_10(c, d->k0, d->k1);

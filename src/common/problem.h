@@ -3,6 +3,8 @@
 #ifndef FA_COMMON_PROBLEM_H
 #define FA_COMMON_PROBLEM_H
 
+#include "common/mask.h"
+#include "common/philox.h"
 #include "flashattn.h"
 
 #ifdef __cplusplus
@@ -28,6 +30,7 @@ typedef struct fa_problem {
   int num_threads;            /* resolved (>= 1) */
 
   int64_t block_mask_stride_row; /* resolved (> 0) when params->block_mask is set */
+  int64_t q_pos, k_pos; /* positions of query row 0 and key 0 (a shard's offsets, else 0) */
 
   void *workspace;            /* at least the backend's reported size */
   size_t workspace_bytes;
@@ -67,6 +70,23 @@ static inline fa_seq fa_problem_seq(const fa_problem *pb, int64_t s) {
   /* a KV cache's used keys (api.c checked 0 <= seqused_k[s] <= r.nk) */
   if (pb->params->seqused_k) r.nk = pb->params->seqused_k[s];
   return r;
+}
+
+/* The causal / sliding-window mask of one sequence, at a shard's positions. */
+static inline fa_mask fa_problem_mask(const fa_problem *pb, const fa_seq *sq) {
+  const fa_params *p = pb->params;
+  fa_mask m =
+      fa_mask_make(sq->nq, sq->nk, p->causal, p->window_enabled, p->window_left, p->window_right);
+  if (p->shard_enabled) fa_mask_shard(&m, pb->q_pos, pb->k_pos);
+  return m;
+}
+
+/* Dropout's state (docs/DROPOUT.md), at a shard's positions. */
+static inline fa_dropout fa_problem_dropout(const fa_problem *pb) {
+  const fa_params *p = pb->params;
+  fa_dropout d = fa_dropout_make(p->dropout_p, p->dropout_seed, p->dropout_offset);
+  fa_dropout_at(&d, pb->q_pos, pb->k_pos);
+  return d;
 }
 
 /* Block-mask bytes for query row i (counted from the sequence's start) of

@@ -240,7 +240,7 @@ static int bwd_step(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, const floa
                16, b->S, bc,   c->scale, 0,     NULL, NULL,   NULL};
   c->kn->gemm(&g);
   if (c->cap > 0.0f) tile_softcap(b->S, bc, nr, ncp, c->cap, T);
-  if (u->slope != 0.0f) tile_alibi(b->S, bc, nr, ncp, u->slope, r0 + u->sq.nk - u->sq.nq, c0);
+  if (u->slope != 0.0f) tile_alibi(b->S, bc, nr, ncp, u->slope, r0 + u->mk.diag0, c0);
   const int partial = cpu_tile_partial(&u->mk, r0, nr, c0, nc);
   if (partial) {
     cpu_mask_ranges(&u->mk, b->lo, b->hi, r0, nr, c0, nc);

@@ -104,8 +104,7 @@ static inline void cpu_ctx_init(cpu_ctx *c, const fa_problem *pb, int64_t rt, in
   c->esize = fa_dtype_bytes(pb->dtype);
   c->scale = pb->scale;
   c->cap = pb->params->softcap;
-  c->drop =
-      fa_dropout_make(pb->params->dropout_p, pb->params->dropout_seed, pb->params->dropout_offset);
+  c->drop = fa_problem_dropout(pb);
 }
 
 /* One (sequence, query head): its rows, mask and ALiBi slope. */
@@ -120,8 +119,7 @@ static inline void cpu_unit_init(cpu_unit *u, const cpu_ctx *c, int64_t s, int64
   const fa_problem *pb = c->pb;
   const fa_params *pr = pb->params;
   u->sq = fa_problem_seq(pb, s);
-  u->mk = fa_mask_make(u->sq.nq, u->sq.nk, pr->causal, pr->window_enabled, pr->window_left,
-                       pr->window_right);
+  u->mk = fa_problem_mask(pb, &u->sq);
   u->s = s;
   u->h = h;
   u->hk = h / pb->group;

@@ -194,7 +194,7 @@ static void dec_block(const cpu_ctx *c, dec_bufs *b, dec_head *hd, int64_t hk, i
   for (int64_t g = 0; g < G; g++) {
     float *Sg = b->S + g * nq * DEC_BK;
     if (c->cap > 0.0f) tile_softcap(Sg, DEC_BK, nq, nc, c->cap, NULL);
-    if (hd->u[g].slope != 0.0f) tile_alibi(Sg, DEC_BK, nq, nc, hd->u[g].slope, sq->nk - nq, c0);
+    if (hd->u[g].slope != 0.0f) tile_alibi(Sg, DEC_BK, nq, nc, hd->u[g].slope, mk->diag0, c0);
     if (blocks[g] == CPU_BLOCKS_SOME) cpu_block_fill(c, &hd->u[g], Sg, DEC_BK, 1, 0, nq, c0, nc);
     if (blocks[g] == CPU_BLOCKS_NONE) tile_fill(Sg, DEC_BK, nq, nc, -INFINITY);
     if (partial) {
@@ -268,8 +268,7 @@ static void dec_split(const cpu_ctx *c, const dec_plan *p, dec_bufs *b, char *st
     hd[hk].st = (dec_state){st.O + hk * rows * Dp, st.m + hk * rows, st.l + hk * rows};
   if (nq == 0) return;
   int64_t klo, khi;
-  const fa_mask mk = fa_mask_make(nq, sq.nk, pb->params->causal, pb->params->window_enabled,
-                                  pb->params->window_left, pb->params->window_right);
+  const fa_mask mk = fa_problem_mask(pb, &sq);
   fa_mask_block_range(&mk, 0, nq, &klo, &khi);
   klo = cpu_max(klo, sp * p->split);
   khi = cpu_min(khi, (sp + 1) * p->split);

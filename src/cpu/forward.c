@@ -219,7 +219,7 @@ static int fwd_scores(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, const fl
   c->kn->gemm(&g);
   if (c->cap > 0.0f) tile_softcap(b->ST, brp, nc, ncol, c->cap * FA_LOG2E, NULL);
   if (u->slope != 0.0f)
-    tile_alibi_t(b->ST, brp, nc, ncol, u->slope * FA_LOG2E, r0 + u->sq.nk - u->sq.nq, c0);
+    tile_alibi_t(b->ST, brp, nc, ncol, u->slope * FA_LOG2E, r0 + u->mk.diag0, c0);
   if (cpu_block_tile(c, u, r0, nr, c0, nc) == CPU_BLOCKS_SOME)
     cpu_block_fill(c, u, b->ST, 1, brp, r0, nr, c0, nc);
   if (!cpu_tile_partial(&u->mk, r0, nr, c0, nc)) return 0;

@@ -133,7 +133,9 @@ static size_t fwd_split_bytes(const fa_problem *pb, int ns) {
  * g): K/V is then read once per group. Causal is dropped (one row sees every
  * key). FlashAttention-2 does the same for its decode. */
 static void gqa_as_rows(fa::FwdArgs &a) {
-  if (a.group == 1 || a.nq != 1 || a.cu_q || a.window_enabled || a.alibi || fa::is_ext(a)) return;
+  if (a.group == 1 || a.nq != 1 || a.cu_q || a.window_enabled || a.alibi || a.shard ||
+      fa::is_ext(a))
+    return;
   const int g = a.group;
   a.nq = a.max_seqlen_q = g;
   a.heads_q /= g;
@@ -210,7 +212,7 @@ __global__ void __launch_bounds__(256) std_softmax_kernel(const SoftmaxArgs a) {
   fa_mask_row_range(&a.mk, i, &lo64, &hi64);
   const int lo = (int)lo64, hi = (int)hi64;
   const float slope = a.alibi ? a.alibi[h] : 0.f;
-  const int diag = i + a.nk - a.nq;
+  const int diag = i + (int)a.mk.diag0;
   const uint8_t *brow = a.bm ? a.bm + h * a.bm_sh + (i / a.bq) * a.bm_sr : NULL;
   auto score = [&](int j) {
     float x = row[j];
@@ -394,12 +396,13 @@ fa_status std_run(const fa_problem *pb, bool probs) {
       sa.alibi = pr->alibi_slopes ? pr->alibi_slopes + s * pr->alibi_stride_batch : NULL;
       sa.mk =
           fa_mask_make(nq, nk, pr->causal, pr->window_enabled, pr->window_left, pr->window_right);
+      if (pr->shard_enabled) fa_mask_shard(&sa.mk, pb->q_pos, pb->k_pos);
       sa.bm = pr->block_mask ? pr->block_mask + s * pr->block_mask_stride_batch : NULL;
       sa.bm_sh = pr->block_mask_stride_head;
       sa.bm_sr = pb->block_mask_stride_row;
       sa.bq = pr->block_size_q;
       sa.bk = pr->block_size_k;
-      sa.drop = fa_dropout_make(pr->dropout_p, pr->dropout_seed, pr->dropout_offset);
+      sa.drop = fa_problem_dropout(pb);
       if (!(pr->dropout_p > 0)) sa.drop.keep_scale = 0.f;
       sa.bh0 = (uint32_t)(s * H);
       const dim3 grid((unsigned)nq, (unsigned)H);

@@ -50,6 +50,9 @@ struct AttnArgs {
   const int32_t *used_k; /* KV cache: the keys each sequence uses (NULL: all) */
   int causal, window_enabled;
   int64_t window_left, window_right;
+  /* A shard (fa_params.shard_enabled; never varlen): row i's diagonal key is
+   * i + nk - nq + diag_shift (dropout's positions are in drop). */
+  int shard, diag_shift;
   /* Dropout and block-sparse masks (docs/DROPOUT.md), read only by the EXT
    * kernels: keep_scale > 0 iff dropout; bmask (device bytes) NULL without a
    * block mask, bm_sb/bm_sh/bm_sr its batch/head/row strides, bm_q/bm_k the
@@ -60,8 +63,28 @@ struct AttnArgs {
   int bm_q, bm_k;
 };
 
+/* The causal / window mask of a sequence of nq rows and nk keys. SHIFT: with
+ * a shard's diagonal shift; the sm_80 kernels apply it in their EXT variants
+ * only (the others sit at the register limit, and a shard's launch takes the
+ * EXT kernels: ext_launch). */
+template <bool SHIFT = true>
+__host__ __device__ __forceinline__ fa_mask attn_mask(const AttnArgs &p, int nq, int nk) {
+  fa_mask m = fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
+  if (SHIFT) m.diag0 += p.diag_shift;
+  return m;
+}
+
+/* Row i's distance from key col, i + diag0 - col (ALiBi's |.|, the window's rel). */
+template <bool SHIFT = true>
+__device__ __forceinline__ int attn_rel(const AttnArgs &p, int nq, int nk, int i, int col) {
+  return i + nk - nq + (SHIFT ? p.diag_shift : 0) - col;
+}
+
 /* Dropout or a block mask: the launch takes the EXT kernels. */
 inline bool is_ext(const AttnArgs &a) { return a.drop.keep_scale > 0.f || a.bmask != NULL; }
+
+/* The sm_80 kernels' choice: the EXT kernels also for a shard (its diagonal shift). */
+inline bool ext_launch(const AttnArgs &a) { return is_ext(a) || a.shard; }
 
 /* The forward's launch arguments. */
 struct FwdArgs : AttnArgs {
@@ -399,8 +422,7 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
   /* key_tiles<BC>(), written out: with the struct, ptxas spills in the D=128
    * EXT variant of this kernel */
   int64_t klo, khi, t_lo, t_hi;
-  const fa_mask mk =
-      fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
+  const fa_mask mk = attn_mask<EXT>(p, nq, nk);
   fa_mask_block_range(&mk, r0, r0 + rows, &klo, &khi);
   int n_begin = (int)(klo / BC);
   int n_end = khi > klo ? (int)((khi + BC - 1) / BC) : n_begin;
@@ -422,8 +444,20 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
    * without a block mask). */
   const uint8_t *bm = EXT && p.bmask ? bmask_head(p, b, h) : nullptr;
   const TileWalk walk{bm ? bmask_head(p, b, 0) : nullptr,
-                      p.bm_sh, p.bm_sr, p.bm_q, p.bm_k, BR, BC, nq, nk, h, n_end - n_begin, r0, 0,
-                      (n_end - 1) * BC, -BC};
+                      p.bm_sh,
+                      p.bm_sr,
+                      p.bm_q,
+                      p.bm_k,
+                      BR,
+                      BC,
+                      nq,
+                      nk,
+                      h,
+                      n_end - n_begin,
+                      r0,
+                      0,
+                      (n_end - 1) * BC,
+                      -BC};
   TileSkipper<NT> skip{reinterpret_cast<uint8_t *>(sV + BC * LD), INT_MIN / 2};
   int cls = kTileAll;
 
@@ -527,8 +561,7 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
         if constexpr (MASK) {
           int64_t lo, hi;
           /* rebuilt from the kernel arguments, not kept live across the loop */
-          const fa_mask mr =
-              fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
+          const fa_mask mr = attn_mask<EXT>(p, nq, nk);
           fa_mask_row_range(&mr, i, &lo, &hi);
           row_lo = (int)lo;
           row_hi = (int)hi;
@@ -542,7 +575,7 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
             const int col = c0 + nt * 8 + 2 * t + e;
             if constexpr (XF) {
               x = p.cap_log2 > 0.f ? p.cap_log2 * tanhf(x * p.scale_over_cap) : x * p.scale_log2;
-              x -= slope_log2 * fabsf((float)(i + nk - nq - col));
+              x -= slope_log2 * fabsf((float)attn_rel<EXT>(p, nq, nk, i, col));
             }
             if (MASK && (col < row_lo || col >= row_hi || (EXT && some && !brow[col / p.bm_k])))
               x = -INFINITY;
@@ -582,7 +615,7 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
 
     cp_async_wait<0>();
     __syncthreads(); /* V_n landed; every warp is done with K_n */
-    n_next = n - 1; /* a full tile: only the last one is ragged */
+    n_next = n - 1;  /* a full tile: only the last one is ragged */
     if constexpr (EXT)
       if (bm) n_next = n_end - 1 - skip.next(n_end - n, n_end - n_begin, walk, &cls);
     if (n_next >= n_begin)
@@ -758,11 +791,12 @@ fa_status fwd_combine_launch(const FwdArgs &a, cudaStream_t stream, bool pdl) {
 template <typename T, int D, typename C = FwdTraits<D>>
 fa_status flash_fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   constexpr int BR = 16 * C::MT * C::NW;
-  const bool ext = is_ext(a);
+  const bool ext = ext_launch(a);
   /* EXT: one byte per thread for the block-mask tile classes; 32-key tiles
    * for the widest head dims, whose accumulators leave no registers spare */
   constexpr int XBC = D >= 96 ? 32 : C::BC;
-  const size_t smem = (size_t)(BR + 2 * (ext ? XBC : C::BC)) * (D + 8) * sizeof(T) + (ext ? 256 : 0);
+  const size_t smem =
+      (size_t)(BR + 2 * (ext ? XBC : C::BC)) * (D + 8) * sizeof(T) + (ext ? 256 : 0);
   const int kind = ext ? 2 : a.cap_log2 > 0.f || a.alibi != NULL || !(a.scale_log2 > 0.f);
   auto kernel = kind == 2   ? flash_fwd_kernel<T, D, C::MT, C::NW, XBC, C::QREG, true, true>
                 : kind == 1 ? flash_fwd_kernel<T, D, C::MT, C::NW, C::BC, C::QREG, true, false>

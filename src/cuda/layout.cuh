@@ -61,7 +61,10 @@ inline void fill_common_args(AttnArgs &a, const fa_problem *pb) {
   a.window_enabled = pr->window_enabled;
   a.window_left = pr->window_left;
   a.window_right = pr->window_right;
-  a.drop = fa_dropout_make(pr->dropout_p, pr->dropout_seed, pr->dropout_offset);
+  /* api.c bounds a shard's positions and lengths by 2^31 - 1 */
+  a.shard = pr->shard_enabled != 0;
+  a.diag_shift = a.shard ? (int)(pb->q_pos - pb->k_pos - (pb->k.seqlen - pb->q.seqlen)) : 0;
+  a.drop = fa_problem_dropout(pb);
   if (!(pr->dropout_p > 0)) a.drop.keep_scale = 0.f;
   a.bmask = pr->block_mask;
   a.bm_sb = pr->block_mask_stride_batch;

@@ -160,7 +160,6 @@ static int64_t sf_parts(const fa_problem *pb, int64_t heads) {
  * that range is empty. */
 static int sf_item_of(const fa_problem *pb, int64_t it, int64_t heads, int64_t parts, int keys,
                       sf_item *w) {
-  const fa_params *pr = pb->params;
   const int64_t u = it / parts, part = it % parts;
   w->s = u / heads;
   w->h = u % heads;
@@ -168,8 +167,7 @@ static int sf_item_of(const fa_problem *pb, int64_t it, int64_t heads, int64_t p
   const int64_t n = keys ? w->sq.nk : w->sq.nq, per = fa_round_up((n + parts - 1) / parts, SF_PART);
   w->r0 = part * per;
   w->r1 = w->r0 + per < n ? w->r0 + per : n;
-  w->mk = fa_mask_make(w->sq.nq, w->sq.nk, pr->causal, pr->window_enabled, pr->window_left,
-                       pr->window_right);
+  w->mk = fa_problem_mask(pb, &w->sq);
   return w->r0 < w->r1;
 }
 
@@ -280,8 +278,7 @@ static void sf_ranges(const fa_mask *mk, sf_range_fn range, int64_t n, int32_t *
  * visible keys (elsewhere P is 0 already). */
 static void sf_dropout(const fa_problem *pb, const fa_kern *kn, float *X, const sf_item *w,
                        const int32_t *lo, const int32_t *hi) {
-  const fa_params *pr = pb->params;
-  const fa_dropout dr = fa_dropout_make(pr->dropout_p, pr->dropout_seed, pr->dropout_offset);
+  const fa_dropout dr = fa_problem_dropout(pb);
   const uint64_t bh = (uint64_t)(w->s * pb->heads_q + w->h);
   const int64_t nkp = fa_round_up(w->sq.nk, 16);
   for (int64_t i = w->r0; i < w->r1; i++)
@@ -324,11 +321,19 @@ static void sf_scores(const fa_problem *pb, const fa_kern *kn, const sf_bufs *b,
 
 /* P (rows [r0, r1), scores there already) = their softmax, 0 outside each row's
  * visible keys, rounded to the storage type as Algorithm 0 stores it; lse
- * (r1 - r0) receives each row's log-sum-exp. */
+ * (r1 - r0) receives each row's log-sum-exp. With lse_in (a shard's backward),
+ * P = exp(S - lse_in): the given normaliser may be the whole sequence's, of
+ * which these keys are a part. */
 static void sf_softmax(const fa_problem *pb, const fa_kern *kn, const sf_bufs *b, const sf_item *w,
-                       float *P, float *lse) {
+                       float *P, float *lse, const float *lse_in) {
   const int64_t nkp = fa_round_up(w->sq.nk, 16), n = w->r1 - w->r0;
   kn->softmax_rows(P, nkp, n, nkp, b->lo + w->r0, b->hi + w->r0, lse);
+  if (lse_in)
+    for (int64_t i = 0; i < n; i++) {
+      if (lse[i] == -INFINITY) continue; /* no visible key: P is 0 already */
+      const float f = lse_in[i] == -INFINITY ? 0.0f : expf(lse[i] - lse_in[i]);
+      for (int64_t j = b->lo[w->r0 + i]; j < b->hi[w->r0 + i]; j++) P[i * nkp + j] *= f;
+    }
   if (pb->dtype != FA_DTYPE_F32)
     for (int64_t i = 0; i < n; i++)
       for (int64_t j = b->lo[w->r0 + i]; j < b->hi[w->r0 + i]; j++) {
@@ -380,7 +385,7 @@ static void sf_fwd_probs(const fa_problem *pb, const fa_kern *kn, const sf_item 
     if (hi > lo) memcpy(P + i * nkp + lo, S + i * nkp + lo, (size_t)(hi - lo) * sizeof(float));
   }
   float *lse = pb->lse ? pb->lse + sq->lse0 + w->h * sq->lse_head_stride + w->r0 : b.O;
-  sf_softmax(pb, kn, &b, w, P, lse);
+  sf_softmax(pb, kn, &b, w, P, lse, NULL);
   if (pb->params->dropout_p > 0.0f) sf_dropout(pb, kn, P, w, b.lo, b.hi);
 }
 
@@ -440,7 +445,9 @@ static void sf_bwd_probs(const fa_problem *pb, const fa_kern *kn, const sf_item 
   float *P = sf_mat(pb, m.P, w) + row0, *Di = sf_di(pb, &m, w);
   sf_load_qk(pb, kn, w, &b);
   sf_scores(pb, kn, &b, w, P, m.T ? sf_mat(pb, m.T, w) + row0 : NULL);
-  sf_softmax(pb, kn, &b, w, P, Di); /* its lse lands in Di, overwritten below */
+  const float *lse_in =
+      pb->params->shard_enabled ? pb->lse + sq->lse0 + w->h * sq->lse_head_stride + w->r0 : NULL;
+  sf_softmax(pb, kn, &b, w, P, Di, lse_in); /* its lse lands in Di, overwritten below */
   sf_load_rows(pb, kn, b.dO, &pb->dout, sq->qb, sq->q0 + w->r0, w->h, n);
   sf_load_rows(pb, kn, b.dQ, &pb->o, sq->qb, sq->q0 + w->r0, w->h, n);
   for (int64_t i = 0; i < n; i++) Di[i] = kn->rowdot(b.dO + i * Dp, b.dQ + i * Dp, D);

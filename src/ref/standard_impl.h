@@ -72,7 +72,7 @@ static REAL SFX(ref_dropout)(const fa_dropout *dr, float p, uint64_t bh, int64_t
 static void SFX(ref_probabilities)(const fa_problem *pb, int64_t s, const fa_seq *sq,
                                    const fa_mask *mk, int64_t h, REAL slope, const REAL *kb,
                                    REAL *p, REAL *tanh_out, REAL *qrow, float *lse_out,
-                                   fa_dtype keep) {
+                                   fa_dtype keep, const float *lse_in) {
   const float cap = pb->params->softcap;
   const int64_t D = pb->headdim, nk = sq->nk;
   for (int64_t i = 0; i < sq->nq; i++) {
@@ -92,7 +92,7 @@ static void SFX(ref_probabilities)(const fa_problem *pb, int64_t s, const fa_seq
         if (tanh_out) tanh_out[i * nk + j] = t;
         x = (REAL)cap * t;
       }
-      x -= slope * (REAL)llabs(i + nk - sq->nq - j);
+      x -= slope * (REAL)llabs(i + mk->diag0 - j);
       row[j] = x;
       if (x > mx) mx = x;
     }
@@ -105,6 +105,8 @@ static void SFX(ref_probabilities)(const fa_problem *pb, int64_t s, const fa_seq
     if (lse_out) lse_out[i] = l > 0 ? (float)(mx + LOG(l)) : -INFINITY;
 #undef REF_VISIBLE
     REAL inv = l > 0 ? 1 / l : 0;
+    if (lse_in) /* a shard's backward: P = exp(S - lse_in), lse_in maybe the whole sequence's */
+      inv = l > 0 && lse_in[i] != -INFINITY ? EXP(mx - (REAL)lse_in[i]) : 0;
     for (int64_t j = 0; j < nk; j++) row[j] = SFX(ref_round)(row[j] * inv, keep);
   }
 }
@@ -117,17 +119,15 @@ static void SFX(ref_probabilities)(const fa_problem *pb, int64_t s, const fa_seq
 static REAL *SFX(ref_head_probs)(const fa_problem *pb, int64_t u, size_t slice, int kd_rows,
                                  fa_dtype keep, int with_lse, fa_seq *sq) {
   const int64_t s = u / pb->heads_q, h = u % pb->heads_q, D = pb->headdim;
-  const fa_params *pr = pb->params;
   *sq = fa_problem_seq(pb, s);
-  const fa_mask mk = fa_mask_make(sq->nq, sq->nk, pr->causal, pr->window_enabled, pr->window_left,
-                                  pr->window_right);
+  const fa_mask mk = fa_problem_mask(pb, sq);
   REAL *p = (REAL *)((char *)pb->workspace + (size_t)omp_get_thread_num() * slice);
   REAL *kb = p + (size_t)pb->max_seqlen_q * (size_t)pb->max_seqlen_k;
   REAL *qrow = kb + kd_rows * pb->max_seqlen_k * D;
   float *lse = with_lse ? pb->lse + sq->lse0 + h * sq->lse_head_stride : NULL;
   SFX(ref_load_rows)(kb, &pb->k, sq->kb, sq->k0, sq->nk, h / pb->group);
   const REAL slope = SFX(ref_slope)(pb, s, h);
-  SFX(ref_probabilities)(pb, s, sq, &mk, h, slope, kb, p, NULL, qrow, lse, keep);
+  SFX(ref_probabilities)(pb, s, sq, &mk, h, slope, kb, p, NULL, qrow, lse, keep, NULL);
   return p;
 }
 
@@ -144,7 +144,7 @@ static fa_status SFX(ref_forward)(const fa_problem *pb) {
     REAL *vb = p + (size_t)pb->max_seqlen_q * (size_t)pb->max_seqlen_k + pb->max_seqlen_k * D;
     REAL *orow = vb + pb->max_seqlen_k * D + D; /* after the unit's q row */
     SFX(ref_load_rows)(vb, &pb->v, sq.kb, sq.k0, sq.nk, hk);
-    const fa_dropout dr = fa_dropout_make(pr->dropout_p, pr->dropout_seed, pr->dropout_offset);
+    const fa_dropout dr = fa_problem_dropout(pb);
     const uint64_t bh = (uint64_t)(s * pb->heads_q + h);
     for (int64_t i = 0; i < sq.nq; i++) {
       memset(orow, 0, (size_t)D * sizeof(REAL));
@@ -161,7 +161,8 @@ static fa_status SFX(ref_forward)(const fa_problem *pb) {
 
 /* dV = P^T dO, dP = dO V^T, dS = P o (dP - rowsum(P o dP)), dQ = scale dS K,
  * dK = scale dS^T Q, with P recomputed from scratch (not from lse) so the
- * oracle's gradients depend on nothing the implementation under test wrote. */
+ * oracle's gradients depend on nothing the implementation under test wrote;
+ * a shard's P is exp(S - lse), the given lse being the whole sequence's. */
 static fa_status SFX(ref_backward)(const fa_problem *pb) {
   const int64_t D = pb->headdim, units = pb->batch * pb->heads_k;
   const size_t slice = SFX(ref_slice)(pb, 2, 4);
@@ -172,8 +173,7 @@ static fa_status SFX(ref_backward)(const fa_problem *pb) {
     const int64_t s = u / pb->heads_k, hk = u % pb->heads_k;
     const fa_seq sq = fa_problem_seq(pb, s);
     const fa_params *pr = pb->params;
-    const fa_mask mk = fa_mask_make(sq.nq, sq.nk, pr->causal, pr->window_enabled, pr->window_left,
-                                    pr->window_right);
+    const fa_mask mk = fa_problem_mask(pb, &sq);
     const int64_t nk = sq.nk, MK = pb->max_seqlen_k;
     REAL *p = (REAL *)((char *)pb->workspace + (size_t)omp_get_thread_num() * slice);
     REAL *ds = p + nn, *kb = ds + nn, *vb = kb + MK * D, *dkb = vb + MK * D, *dvb = dkb + MK * D;
@@ -183,9 +183,10 @@ static fa_status SFX(ref_backward)(const fa_problem *pb) {
     memset(dkb, 0, (size_t)(nk * D) * sizeof(REAL));
     memset(dvb, 0, (size_t)(nk * D) * sizeof(REAL));
     for (int64_t h = hk * pb->group; h < (hk + 1) * pb->group; h++) {
+      const float *lse_in = pr->shard_enabled ? pb->lse + sq.lse0 + h * sq.lse_head_stride : NULL;
       const REAL slope = SFX(ref_slope)(pb, s, h);
-      SFX(ref_probabilities)(pb, s, &sq, &mk, h, slope, kb, p, ds, qrow, NULL, pb->dtype);
-      const fa_dropout dr = fa_dropout_make(pr->dropout_p, pr->dropout_seed, pr->dropout_offset);
+      SFX(ref_probabilities)(pb, s, &sq, &mk, h, slope, kb, p, ds, qrow, NULL, pb->dtype, lse_in);
+      const fa_dropout dr = fa_problem_dropout(pb);
       const uint64_t bh = (uint64_t)(s * pb->heads_q + h);
       for (int64_t i = 0; i < sq.nq; i++) {
         const REAL *prow = p + i * nk;
@@ -199,6 +200,10 @@ static fa_status SFX(ref_backward)(const fa_problem *pb) {
           dprow[j] = z != 0 ? z * SFX(ref_dot)(dorow, vb + j * D, D) : 0;
           di += prow[j] * dprow[j];
           if (z != 0) SFX(ref_axpy)(dvb + j * D, z * prow[j], dorow, D);
+        }
+        if (lse_in) { /* a shard's keys are a part of the row's: Di = dO . O, O the whole row's */
+          LOAD_ROW(dqrow, SFX(ref_row)(&pb->o, sq.qb, sq.q0 + i, h), pb->dtype, D);
+          di = SFX(ref_dot)(dorow, dqrow, D);
         }
         memset(dqrow, 0, (size_t)D * sizeof(REAL));
         for (int64_t j = 0; j < nk; j++) {
@@ -238,7 +243,7 @@ static fa_status SFX(ref_probs)(const fa_problem *pb) {
     const fa_params *pr = pb->params;
     fa_seq sq;
     const REAL *p = SFX(ref_head_probs)(pb, u, slice, 1, FA_DTYPE_F64, 0, &sq);
-    const fa_dropout dr = fa_dropout_make(pr->dropout_p, pr->dropout_seed, pr->dropout_offset);
+    const fa_dropout dr = fa_problem_dropout(pb);
     float *out = pb->probs + (size_t)u * (size_t)rows * (size_t)cols;
     for (int64_t i = 0; i < rows; i++)
       for (int64_t j = 0; j < cols; j++) {

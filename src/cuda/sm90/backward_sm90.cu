@@ -201,8 +201,7 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     return;
   }
   const int cols = min(BC, nk - c0);
-  const fa_mask mk =
-      fa_mask_make(nq, nk, p.causal, p.window_enabled, p.window_left, p.window_right);
+  const fa_mask mk = attn_mask(p, nq, nk);
   const QueryTiles qt = query_tiles<BR, BC>(mk, c0, cols);
   int m_begin, nm; /* the query tiles that see the block (qt's), as dq_order.h counts them */
   fa_dq_block_tiles(&mk, bx, BC, BR, &m_begin, &nm);

@@ -197,8 +197,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     k.r0 = (P.sched.nblk - 1 - x) * rq; /* query rows r0.. of each head */
     if (k.r0 >= k.sv.nq) return false;
     k.rows = min(rq, k.sv.nq - k.r0);
-    k.mk =
-        fa_mask_make(k.sv.nq, k.sv.nk, p.causal, p.window_enabled, p.window_left, p.window_right);
+    k.mk = attn_mask(p, k.sv.nq, k.sv.nk);
     k.kt = key_tiles<BC>(k.mk, k.r0, k.rows);
     if (DECODE) { /* this split's tiles only (none: an empty walk, lse -inf) */
       const int spt = split_tiles<BC>(p, k.sv.nk);

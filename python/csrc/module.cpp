@@ -103,7 +103,7 @@ PyObject *wrap3(Tensors3 &&r) {
 
 // args: cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask, softmax_scale,
 // causal, window_left, window_right, softcap, dropout_p, rng_state, deterministic,
-// algorithm, block_size_q, block_size_k, bhnd
+// algorithm, block_size_q, block_size_k, bhnd, shard_q, shard_k
 bool options_arg(PyObject *const *a, Options *o) {
   return optional_tensor_arg(a[0], &o->cu_seqlens_q) &&
          optional_tensor_arg(a[1], &o->cu_seqlens_k) && optional_tensor_arg(a[2], &o->seqused_k) &&
@@ -113,10 +113,11 @@ bool options_arg(PyObject *const *a, Options *o) {
          double_arg(a[9], &o->softcap) && double_arg(a[10], &o->dropout_p) &&
          optional_tensor_arg(a[11], &o->rng_state) && bool_arg(a[12], &o->deterministic) &&
          int_arg(a[13], &o->algorithm) && int_arg(a[14], &o->block_size_q) &&
-         int_arg(a[15], &o->block_size_k) && bool_arg(a[16], &o->bhnd);
+         int_arg(a[15], &o->block_size_k) && bool_arg(a[16], &o->bhnd) &&
+         int_arg(a[17], &o->shard_q) && int_arg(a[18], &o->shard_k);
 }
 
-constexpr Py_ssize_t kOptions = 17;
+constexpr Py_ssize_t kOptions = 19;
 
 PyObject *fwd(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
@@ -132,7 +133,7 @@ PyObject *fwd(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     r = fwd_op().call(*q, *k, *v, o.cu_seqlens_q, o.cu_seqlens_k, o.seqused_k, o.alibi_slopes,
                       o.block_mask, o.softmax_scale, o.causal, o.window_left, o.window_right,
                       o.softcap, o.dropout_p, o.rng_state, o.deterministic, o.algorithm,
-                      o.block_size_q, o.block_size_k, o.bhnd);
+                      o.block_size_q, o.block_size_k, o.bhnd, o.shard_q, o.shard_k);
   }
   return wrap3(std::move(r));
   END_HANDLE_TH_ERRORS
@@ -152,7 +153,8 @@ PyObject *bwd(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     r = bwd_op().call(*t[0], *t[1], *t[2], *t[3], *t[4], *t[5], o.cu_seqlens_q, o.cu_seqlens_k,
                       o.seqused_k, o.alibi_slopes, o.block_mask, o.softmax_scale, o.causal,
                       o.window_left, o.window_right, o.softcap, o.dropout_p, o.rng_state,
-                      o.deterministic, o.algorithm, o.block_size_q, o.block_size_k, o.bhnd);
+                      o.deterministic, o.algorithm, o.block_size_q, o.block_size_k, o.bhnd,
+                      o.shard_q, o.shard_k);
   }
   return wrap3(std::move(r));
   END_HANDLE_TH_ERRORS

@@ -248,6 +248,12 @@ Resolved resolve(const Tensor &q, const Tensor &k, const Tensor &v, const Option
   p.deterministic = o.deterministic;
   p.block_size_q = o.block_size_q;
   p.block_size_k = o.block_size_k;
+  FA_VALUE_CHECK((o.shard_q >= 0) == (o.shard_k >= 0),
+                 "shard_q and shard_k must be given together (got ", o.shard_q, ", ", o.shard_k,
+                 ")");
+  p.shard_enabled = o.shard_q >= 0;
+  p.shard_q_offset = p.shard_enabled ? o.shard_q : 0;
+  p.shard_k_offset = p.shard_enabled ? o.shard_k : 0;
   if (p.device == FA_DEVICE_CPU) p.num_threads = at::get_num_threads();
 
   const int64_t hq = q.size(head_dim(r.layout));
@@ -408,12 +414,13 @@ Tensors3 fwd_kernel(const Tensor &q, const Tensor &k, const Tensor &v,
                     const optional<Tensor> &block_mask, optional<double> softmax_scale, bool causal,
                     int64_t window_left, int64_t window_right, double softcap, double dropout_p,
                     const optional<Tensor> &rng_state, bool deterministic, int64_t algorithm,
-                    int64_t block_size_q, int64_t block_size_k, bool bhnd) {
-  Resolved r =
-      resolve(q, k, v,
-              Options{cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask,
-                      softmax_scale, causal, window_left, window_right, softcap, dropout_p,
-                      rng_state, deterministic, algorithm, block_size_q, block_size_k, bhnd});
+                    int64_t block_size_q, int64_t block_size_k, bool bhnd, int64_t shard_q,
+                    int64_t shard_k) {
+  Resolved r = resolve(
+      q, k, v,
+      Options{cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask, softmax_scale,
+              causal, window_left, window_right, softcap, dropout_p, rng_state, deterministic,
+              algorithm, block_size_q, block_size_k, bhnd, shard_q, shard_k});
   DeviceScope scope(q, r.p);
   // SDPA's layout: out in (batch, seqlen, heads, headdim) memory order, so that the
   // caller's out.transpose(1, 2) is contiguous (as torch's CUDA flash SDPA returns it)
@@ -450,14 +457,15 @@ Tensors3 bwd_kernel(const Tensor &dout, const Tensor &q, const Tensor &k, const 
                     optional<double> softmax_scale, bool causal, int64_t window_left,
                     int64_t window_right, double softcap, double dropout_p,
                     const optional<Tensor> &rng_state, bool deterministic, int64_t algorithm,
-                    int64_t block_size_q, int64_t block_size_k, bool bhnd) {
+                    int64_t block_size_q, int64_t block_size_k, bool bhnd, int64_t shard_q,
+                    int64_t shard_k) {
   FA_VALUE_CHECK(dropout_p == 0 || rng_state.has_value(),
                  "the backward of dropout needs the forward's rng_state");
-  Resolved r =
-      resolve(q, k, v,
-              Options{cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask,
-                      softmax_scale, causal, window_left, window_right, softcap, dropout_p,
-                      rng_state, deterministic, algorithm, block_size_q, block_size_k, bhnd});
+  Resolved r = resolve(
+      q, k, v,
+      Options{cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask, softmax_scale,
+              causal, window_left, window_right, softcap, dropout_p, rng_state, deterministic,
+              algorithm, block_size_q, block_size_k, bhnd, shard_q, shard_k});
   check_like(out, "out", q, "q");
   // dout of a sum() is an expanded scalar (every stride 0): copied once here
   const Tensor g =
@@ -509,6 +517,7 @@ struct AttentionBackward final : public torch::autograd::Node {
   optional<double> softmax_scale;
   bool causal = false, deterministic = false, bhnd = false;
   int64_t window_left = -1, window_right = -1, algorithm = 0, block_size_q = 0, block_size_k = 0;
+  int64_t shard_q = -1, shard_k = -1;
   double softcap = 0, dropout_p = 0;
 
   std::string name() const override { return "FlashAttnBackward"; }
@@ -536,6 +545,8 @@ struct AttentionBackward final : public torch::autograd::Node {
     args.collect(algorithm);
     args.collect(block_size_q);
     args.collect(block_size_k);
+    args.collect(shard_q);
+    args.collect(shard_k);
     args.collect(softcap);
     args.collect(dropout_p);
   }
@@ -569,7 +580,7 @@ struct AttentionBackward final : public torch::autograd::Node {
         or_none(cu_seqlens_q.unpack()), or_none(cu_seqlens_k.unpack()), or_none(seqused_k.unpack()),
         or_none(alibi_slopes.unpack()), or_none(block_mask.unpack()), softmax_scale, causal,
         window_left, window_right, softcap, dropout_p, or_none(rng.unpack()), deterministic,
-        algorithm, block_size_q, block_size_k, bhnd);
+        algorithm, block_size_q, block_size_k, bhnd, shard_q, shard_k);
     return variable_list{dq, dk, dv};
   }
 };
@@ -592,7 +603,8 @@ Tensors3 fwd_autograd(const Tensor &q, const Tensor &k, const Tensor &v,
                       const optional<Tensor> &block_mask, optional<double> softmax_scale,
                       bool causal, int64_t window_left, int64_t window_right, double softcap,
                       double dropout_p, const optional<Tensor> &rng_state, bool deterministic,
-                      int64_t algorithm, int64_t block_size_q, int64_t block_size_k, bool bhnd) {
+                      int64_t algorithm, int64_t block_size_q, int64_t block_size_k, bool bhnd,
+                      int64_t shard_q, int64_t shard_k) {
   TORCH_CHECK_NOT_IMPLEMENTED(
       !q._fw_grad(0).defined() && !k._fw_grad(0).defined() && !v._fw_grad(0).defined(),
       "flashattn: forward-mode AD (dual tensors) is not supported by flashattn::fwd");
@@ -606,7 +618,8 @@ Tensors3 fwd_autograd(const Tensor &q, const Tensor &k, const Tensor &v,
     at::AutoDispatchBelowADInplaceOrView below;
     r = fwd_op().call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask,
                       softmax_scale, causal, window_left, window_right, softcap, dropout_p,
-                      rng_state, deterministic, algorithm, block_size_q, block_size_k, bhnd);
+                      rng_state, deterministic, algorithm, block_size_q, block_size_k, bhnd,
+                      shard_q, shard_k);
   }
   if (node) {
     Tensor &out = std::get<0>(r);
@@ -633,6 +646,8 @@ Tensors3 fwd_autograd(const Tensor &q, const Tensor &k, const Tensor &v,
     node->block_size_q = block_size_q;
     node->block_size_k = block_size_k;
     node->bhnd = bhnd;
+    node->shard_q = shard_q;
+    node->shard_k = shard_k;
   }
   return r;
 }
@@ -647,8 +662,8 @@ TORCH_LIBRARY(flashattn, m) {
       "Tensor? seqused_k=None, Tensor? alibi_slopes=None, Tensor? block_mask=None, "
       "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, "
       "float softcap=0.0, float dropout_p=0.0, Tensor? rng_state=None, bool deterministic=False, "
-      "int algorithm=0, int block_size_q=0, int block_size_k=0, bool bhnd=False) "
-      "-> (Tensor out, Tensor lse, Tensor rng_state)",
+      "int algorithm=0, int block_size_q=0, int block_size_k=0, bool bhnd=False, "
+      "int shard_q=-1, int shard_k=-1) -> (Tensor out, Tensor lse, Tensor rng_state)",
       {at::Tag::pt2_compliant_tag});
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
@@ -656,8 +671,8 @@ TORCH_LIBRARY(flashattn, m) {
       "Tensor? alibi_slopes=None, Tensor? block_mask=None, float? softmax_scale=None, "
       "bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
       "float dropout_p=0.0, Tensor? rng_state=None, bool deterministic=False, int algorithm=0, "
-      "int block_size_q=0, int block_size_k=0, bool bhnd=False) -> (Tensor dq, Tensor dk, Tensor "
-      "dv)",
+      "int block_size_q=0, int block_size_k=0, bool bhnd=False, int shard_q=-1, int shard_k=-1) "
+      "-> (Tensor dq, Tensor dk, Tensor dv)",
       {at::Tag::pt2_compliant_tag});
 }
 

@@ -15,13 +15,16 @@ using at::Tensor;
 using std::optional;
 using Tensors3 = std::tuple<Tensor, Tensor, Tensor>;
 
-using FwdSignature = Tensors3(
-    const Tensor &q, const Tensor &k, const Tensor &v, const optional<Tensor> &cu_seqlens_q,
-    const optional<Tensor> &cu_seqlens_k, const optional<Tensor> &seqused_k,
-    const optional<Tensor> &alibi_slopes, const optional<Tensor> &block_mask,
-    optional<double> softmax_scale, bool causal, int64_t window_left, int64_t window_right,
-    double softcap, double dropout_p, const optional<Tensor> &rng_state, bool deterministic,
-    int64_t algorithm, int64_t block_size_q, int64_t block_size_k, bool bhnd);
+using FwdSignature = Tensors3(const Tensor &q, const Tensor &k, const Tensor &v,
+                              const optional<Tensor> &cu_seqlens_q,
+                              const optional<Tensor> &cu_seqlens_k,
+                              const optional<Tensor> &seqused_k,
+                              const optional<Tensor> &alibi_slopes,
+                              const optional<Tensor> &block_mask, optional<double> softmax_scale,
+                              bool causal, int64_t window_left, int64_t window_right,
+                              double softcap, double dropout_p, const optional<Tensor> &rng_state,
+                              bool deterministic, int64_t algorithm, int64_t block_size_q,
+                              int64_t block_size_k, bool bhnd, int64_t shard_q, int64_t shard_k);
 
 using BwdSignature = Tensors3(
     const Tensor &dout, const Tensor &q, const Tensor &k, const Tensor &v, const Tensor &out,
@@ -30,7 +33,7 @@ using BwdSignature = Tensors3(
     const optional<Tensor> &block_mask, optional<double> softmax_scale, bool causal,
     int64_t window_left, int64_t window_right, double softcap, double dropout_p,
     const optional<Tensor> &rng_state, bool deterministic, int64_t algorithm, int64_t block_size_q,
-    int64_t block_size_k, bool bhnd);
+    int64_t block_size_k, bool bhnd, int64_t shard_q, int64_t shard_k);
 
 // The options both operators take after their tensors, in schema order.
 struct Options {
@@ -43,6 +46,8 @@ struct Options {
   bool deterministic = false;
   int64_t algorithm = 0, block_size_q = 0, block_size_k = 0;
   bool bhnd = false;
+  // a shard of one sequence: its queries and keys at these positions (-1: not a shard)
+  int64_t shard_q = -1, shard_k = -1;
 };
 
 // The operators' handles (through the dispatcher: autograd, tracing and dispatch modes

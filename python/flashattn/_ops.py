@@ -181,7 +181,8 @@ if AVAILABLE:
     def _fwd_fake(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
                   alibi_slopes=None, block_mask=None, softmax_scale=None, causal=False,
                   window_left=-1, window_right=-1, softcap=0.0, dropout_p=0.0, rng_state=None,
-                  deterministic=False, algorithm=0, block_size_q=0, block_size_k=0, bhnd=False):
+                  deterministic=False, algorithm=0, block_size_q=0, block_size_k=0, bhnd=False,
+                  shard_q=-1, shard_k=-1):
         varlen = cu_seqlens_q is not None
         _check_fake(q, k, v, varlen)
         if bhnd:  # (batch, seqlen, heads, headdim) memory, as the kernels allocate it
@@ -197,7 +198,7 @@ if AVAILABLE:
                   seqused_k=None, alibi_slopes=None, block_mask=None, softmax_scale=None,
                   causal=False, window_left=-1, window_right=-1, softcap=0.0, dropout_p=0.0,
                   rng_state=None, deterministic=False, algorithm=0, block_size_q=0,
-                  block_size_k=0, bhnd=False):
+                  block_size_k=0, bhnd=False, shard_q=-1, shard_k=-1):
         _check_fake(q, k, v, cu_seqlens_q is not None)
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 else:
@@ -233,7 +234,7 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, bloc
             q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask,
             None if softmax_scale is None else float(softmax_scale), bool(causal), left, right,
             float(softcap) if softcap else 0.0, float(dropout_p) if dropout_p else 0.0, None,
-            bool(deterministic), algorithm_code(algorithm), bq, bk, bhnd))
+            bool(deterministic), algorithm_code(algorithm), bq, bk, bhnd, -1, -1))
     except (RuntimeError, ValueError, TypeError) as e:
         _reraise(e)
 
@@ -250,7 +251,7 @@ def _rng_state(dropout_p, dropout_seed, dropout_offset):
 def fwd(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
         alibi_slopes=None, dropout_p=0.0, dropout_seed=None, dropout_offset=0,
         cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, block_mask=None,
-        block_size=None, deterministic=False, algorithm="flash2"):
+        block_size=None, deterministic=False, algorithm="flash2", shard=None):
     """Forward without autograd: returns (out, lse).
 
     q: (batch, seqlen_q, heads, headdim), k and v: (batch, seqlen_k, heads_k, headdim)
@@ -260,7 +261,9 @@ def fwd(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), soft
     out 0 and lse -inf. The options are flash_attn_func's; causal and window_size are
     aligned to the bottom-right corner. Dropout takes an explicit dropout_seed and
     dropout_offset (ints; pass the same ones to bwd). seqused_k: int32 (batch,), the
-    keys each sequence uses. Nothing here records autograd history.
+    keys each sequence uses. shard=(q_offset, k_offset): q and k are shards of one
+    sequence whose rows and keys sit at those positions (masks, ALiBi and dropout at the
+    sequence's positions; fa_params.shard_enabled). Nothing here records autograd history.
     """
     left, right = window_bounds(window_size)
     bq, bk = block_sizes(block_size)
@@ -271,7 +274,7 @@ def fwd(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), soft
                 q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask,
                 None if softmax_scale is None else float(softmax_scale), bool(causal), left,
                 right, float(softcap or 0.0), float(dropout_p or 0.0), rng, bool(deterministic),
-                algorithm_code(algorithm), bq, bk, False))
+                algorithm_code(algorithm), bq, bk, False, *_shard(shard)))
     except (RuntimeError, ValueError, TypeError) as e:
         _reraise(e)
     return out, lse
@@ -280,12 +283,13 @@ def fwd(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), soft
 def bwd(dout, q, k, v, out, lse, *, softmax_scale=None, causal=False, window_size=(-1, -1),
         softcap=0.0, alibi_slopes=None, dropout_p=0.0, dropout_seed=None, dropout_offset=0,
         cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, block_mask=None,
-        block_size=None, deterministic=False, algorithm="flash2"):
+        block_size=None, deterministic=False, algorithm="flash2", shard=None):
     """Backward given the forward's out and lse: returns (dq, dk, dv), like q, k, v.
 
     dout is like out (any strides; copied once if headdim is not contiguous). Pass the
     forward's options again, dropout_seed and dropout_offset included. dk and dv are
-    summed over the query heads that share a K/V head.
+    summed over the query heads that share a K/V head. With shard, lse may be the whole
+    sequence's (P = exp(S - lse)), so that the blocks' gradients add up to the sequence's.
     """
     left, right = window_bounds(window_size)
     bq, bk = block_sizes(block_size)
@@ -296,9 +300,18 @@ def bwd(dout, q, k, v, out, lse, *, softmax_scale=None, causal=False, window_siz
                 dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes,
                 block_mask, None if softmax_scale is None else float(softmax_scale),
                 bool(causal), left, right, float(softcap or 0.0), float(dropout_p or 0.0), rng,
-                bool(deterministic), algorithm_code(algorithm), bq, bk, False))
+                bool(deterministic), algorithm_code(algorithm), bq, bk, False, *_shard(shard)))
     except (RuntimeError, ValueError, TypeError) as e:
         _reraise(e)
+
+
+def _shard(shard):
+    if shard is None:
+        return -1, -1
+    q_offset, k_offset = shard
+    if q_offset < 0 or k_offset < 0:
+        raise ValueError("flashattn: shard offsets must be >= 0, got %r" % (shard,))
+    return int(q_offset), int(k_offset)
 
 
 def draw_seed():

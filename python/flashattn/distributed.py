@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from . import _core
-from . import _torch as _ft
+from . import _ops
 
 __all__ = ["ring_flash_attn_func", "shard", "unshard", "shard_positions", "LAYOUTS"]
 
@@ -37,25 +37,20 @@ LAYOUTS = ("zigzag", "contiguous")
 # in the sequence (None: plain call). lse is (batch, heads, rows), float32.
 
 
-def _attn_opts(a, causal, shard):
-    return _core.Options(softmax_scale=a.scale, causal=causal, window_enabled=a.window[0],
-                         window_left=a.window[1], window_right=a.window[2], softcap=a.softcap,
-                         dropout_p=a.dropout_p, dropout_seed=a.seed, dropout_offset=a.offset,
-                         deterministic=a.deterministic, num_threads=a.threads, shard=shard)
+def _attn_kw(a, causal, shard):
+    return dict(softmax_scale=a.scale or None, causal=causal,
+                window_size=(a.window[1], a.window[2]) if a.window[0] else (-1, -1),
+                softcap=a.softcap, alibi_slopes=a.alibi, dropout_p=a.dropout_p,
+                dropout_seed=a.seed, dropout_offset=a.offset, deterministic=a.deterministic,
+                shard=shard)
 
 
 def _attn_fwd(q, k, v, a, causal, shard):
-    with _ft._device_guard(q):
-        stream, _ = _ft._stream_and_threads(q)
-        return _core.forward(_ft.A, q, k, v, _attn_opts(a, causal, shard),
-                             alibi_slopes=a.alibi, stream=stream)
+    return _ops.fwd(q, k, v, **_attn_kw(a, causal, shard))
 
 
 def _attn_bwd(dout, q, k, v, out, lse, a, causal, shard):
-    with _ft._device_guard(q):
-        stream, _ = _ft._stream_and_threads(q)
-        return _core.backward(_ft.A, dout, q, k, v, out, lse, _attn_opts(a, causal, shard),
-                              alibi_slopes=a.alibi, stream=stream)
+    return _ops.bwd(dout, q, k, v, out, lse, **_attn_kw(a, causal, shard))
 
 
 # ---- layout: where each rank's rows sit in the sequence ------------------------------------
@@ -410,7 +405,6 @@ def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None,
     a.softcap = opts.softcap
     a.dropout_p = opts.dropout_p
     a.deterministic = opts.deterministic
-    a.threads = torch.get_num_threads() if q.device.type == "cpu" else 0
     a.causal = bool(causal)
     a.layout = layout
     a.alibi = alibi_slopes

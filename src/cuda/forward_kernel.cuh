@@ -560,9 +560,10 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
         if (EXT && some) brow = bm + (int64_t)(min(i, nq - 1) / p.bm_q) * p.bm_sr;
         if constexpr (MASK) {
           int64_t lo, hi;
-          /* rebuilt from the kernel arguments, not kept live across the loop */
-          const fa_mask mr = attn_mask<EXT>(p, nq, nk);
-          fa_mask_row_range(&mr, i, &lo, &hi);
+          /* rebuilt from the kernel arguments, not kept live across the loop; a
+           * shard's shift (EXT) moves the row along the unshifted diagonal */
+          const fa_mask mr = attn_mask<false>(p, nq, nk);
+          fa_mask_row_range(&mr, EXT ? i + p.diag_shift : i, &lo, &hi);
           row_lo = (int)lo;
           row_hi = (int)hi;
         }

@@ -30,6 +30,7 @@ except ImportError:  # numpy-only use
         pass
 else:
     from . import _ops
+    from ._probs import attention_probs as _attn_probs
     _Tensor = _torch_pkg.Tensor
 
 try:
@@ -102,14 +103,17 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     float32, None) with return_attn_probs.
     """
     if isinstance(q, _Tensor):
-        out, lse, _ = _ops.attention(q, k, v, None, None, None, alibi_slopes, block_mask,
-                                     softmax_scale, causal, window_size, softcap, dropout_p,
-                                     deterministic, algorithm, block_size)
+        out, lse, rng = _ops.attention(q, k, v, None, None, None, alibi_slopes, block_mask,
+                                       softmax_scale, causal, window_size, softcap, dropout_p,
+                                       deterministic, algorithm, block_size)
+        if return_attn_probs:  # flash-attn's (out, softmax_lse, S_dmask)
+            return out, lse, _attn_probs(q, k, rng, softmax_scale, causal, window_size, softcap,
+                                         alibi_slopes, dropout_p, block_mask=block_mask,
+                                         block_size=block_size)
     else:
         out, lse = _numpy_forward(q, k, v, None, None, alibi_slopes, block_mask, dropout_p,
                                   softmax_scale, causal, window_size, softcap, deterministic,
                                   algorithm, block_size)
-    # flash-attn returns (out, softmax_lse, S_dmask); we never materialise P.
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -253,9 +257,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError("flash_attn_varlen_func needs cu_seqlens_q and cu_seqlens_k")
     if isinstance(q, _Tensor):
-        out, lse, _ = _ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, None, alibi_slopes,
-                                     block_mask, softmax_scale, causal, window_size, softcap,
-                                     dropout_p, deterministic, algorithm, block_size)
+        out, lse, rng = _ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, None, alibi_slopes,
+                                       block_mask, softmax_scale, causal, window_size, softcap,
+                                       dropout_p, deterministic, algorithm, block_size)
+        if return_attn_probs:
+            return out, lse, _attn_probs(q, k, rng, softmax_scale, causal, window_size, softcap,
+                                         alibi_slopes, dropout_p, cu_seqlens_q, cu_seqlens_k,
+                                         max_seqlen_q, max_seqlen_k, block_mask, block_size)
     else:
         out, lse = _numpy_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask,
                                   dropout_p, softmax_scale, causal, window_size, softcap,

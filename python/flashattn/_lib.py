@@ -42,6 +42,7 @@ class Algorithm(enum.IntEnum):
 class Pass(enum.IntEnum):
     FORWARD = 0
     BACKWARD = 1
+    PROBS = 2
 
 
 ALGORITHMS = {"flash2": Algorithm.FLASH2, "flash1": Algorithm.FLASH1,
@@ -204,6 +205,9 @@ lib.fa_dtype_size.argtypes = [_enum_t]
 lib.fa_dtype_size.restype = ctypes.c_size_t
 lib.fa_dropout_mask.argtypes = [_P(FaParams)] + [ctypes.c_int64] * 5 + [ctypes.c_void_p]
 lib.fa_dropout_mask.restype = _status
+lib.fa_attention_probs.argtypes = [_P(FaParams), _P(FaTensor), _P(FaTensor), ctypes.c_int64,
+                                   ctypes.c_int64, ctypes.c_void_p]
+lib.fa_attention_probs.restype = _status
 
 
 def _check(status, function):

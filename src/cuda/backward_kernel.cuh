@@ -61,8 +61,8 @@ struct BwdArgs : AttnArgs {
  * rows per step, NW warps (BC / 16 of them along the keys; the rest split the
  * queries of S and the columns of dK, dV). dq kernel (deterministic mode):
  * QNW warps of 16 query rows, QBC keys per step. MINB: kv blocks per SM the
- * register allocation must allow. Each FA_BWD<D>_BC/_BR/_NW/_MINB/_QNW/_QBC can be overridden with
- * -D for tuning builds; the defaults are the spill-free shapes measured fastest (docs/PERF.md). */
+ * register allocation must allow. Each FA_BWD<D>_BC/_BR/_NW/_MINB/_QNW/_QBC can be overridden with -D for tuning builds; the defaults are the
+ * spill-free shapes measured fastest (docs/PERF.md). */
 template <int D>
 struct BwdTraits;
 #ifndef FA_BWD32_BC
@@ -154,8 +154,7 @@ struct BwdTraits<96> {
 #endif
 template <>
 struct BwdTraits<128> {
-  static constexpr int BC = FA_BWD128_BC, BR = FA_BWD128_BR, NW = FA_BWD128_NW,
-                       MINB = FA_BWD128_MINB;
+  static constexpr int BC = FA_BWD128_BC, BR = FA_BWD128_BR, NW = FA_BWD128_NW, MINB = FA_BWD128_MINB;
   static constexpr int QNW = FA_BWD128_QNW, QBC = FA_BWD128_QBC;
 };
 #ifndef FA_BWD192_BC
@@ -178,8 +177,7 @@ struct BwdTraits<128> {
 #endif
 template <>
 struct BwdTraits<192> {
-  static constexpr int BC = FA_BWD192_BC, BR = FA_BWD192_BR, NW = FA_BWD192_NW,
-                       MINB = FA_BWD192_MINB;
+  static constexpr int BC = FA_BWD192_BC, BR = FA_BWD192_BR, NW = FA_BWD192_NW, MINB = FA_BWD192_MINB;
   static constexpr int QNW = FA_BWD192_QNW, QBC = FA_BWD192_QBC;
 };
 #ifndef FA_BWD256_BC
@@ -202,8 +200,7 @@ struct BwdTraits<192> {
 #endif
 template <>
 struct BwdTraits<256> {
-  static constexpr int BC = FA_BWD256_BC, BR = FA_BWD256_BR, NW = FA_BWD256_NW,
-                       MINB = FA_BWD256_MINB;
+  static constexpr int BC = FA_BWD256_BC, BR = FA_BWD256_BR, NW = FA_BWD256_NW, MINB = FA_BWD256_MINB;
   static constexpr int QNW = FA_BWD256_QNW, QBC = FA_BWD256_QBC;
 };
 
@@ -411,8 +408,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) flash_bwd_kv_kernel(const BwdAr
   T *sV = sK + BC * LD;
   T *sQ = sV + BC * LD;
   T *sdO = sQ + BR * LD;
-  T *sP = sdO + BR * LD;              /* BC x LDS, !REG only */
-  T *sdS = sP + (REG ? 0 : BC * LDS); /* BC x LDS, when SDS */
+  T *sP = sdO + BR * LD;                 /* BC x LDS, !REG only */
+  T *sdS = sP + (REG ? 0 : BC * LDS);    /* BC x LDS, when SDS */
   float *sL = reinterpret_cast<float *>(sdS + (SDS ? BC * LDS : 0));
   float *sDi = sL + BR;
 
@@ -460,20 +457,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) flash_bwd_kv_kernel(const BwdAr
    * the class of the step about to run (kTileAll without a block mask). */
   const bool bm = EXT && p.bmask;
   const TileWalk walk{bm ? bmask_head(p, b, 0) : nullptr,
-                      p.bm_sh,
-                      p.bm_sr,
-                      p.bm_q,
-                      p.bm_k,
-                      BR,
-                      BC,
-                      nq,
-                      c0 + cols,
-                      hk * p.group,
-                      nm,
-                      m_begin * BR,
-                      BR,
-                      c0,
-                      0};
+                      p.bm_sh, p.bm_sr, p.bm_q, p.bm_k, BR, BC, nq, c0 + cols, hk * p.group, nm,
+                      m_begin * BR, BR, c0, 0};
   TileSkipper<NT> skip{reinterpret_cast<uint8_t *>(sDi + BR), INT_MIN / 2};
   int cls = kTileAll;
   int s_first = 0, s_next;
@@ -515,7 +500,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) flash_bwd_kv_kernel(const BwdAr
 
     /* P^T and dS^T, in place of S^T and dP^T. Element (nt, e): key
      * c0 + kw0 + g + 8 (e / 2), query r + qw0 + nt * 8 + 2 t + e % 2. */
-    const float slope_log2 = XF && p.alibi ? p.alibi[(int64_t)b * p.alibi_sb + h] * FA_LOG2E : 0.f;
+    const float slope_log2 =
+        XF && p.alibi ? p.alibi[(int64_t)b * p.alibi_sb + h] * FA_LOG2E : 0.f;
 #pragma unroll
     for (int nt = 0; nt < QW / 8; ++nt) {
       const int ql = qw0 + nt * 8 + 2 * t;
@@ -523,8 +509,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) flash_bwd_kv_kernel(const BwdAr
       const float2 di = *reinterpret_cast<const float2 *>(sDi + ql);
       uint32_t keep = 0; /* dropout's keep bits */
       if (EXT && p.drop.keep_scale > 0.f)
-        keep =
-            dropout_col16(p.drop, (uint32_t)(b * p.heads_q + h), r + qw0 + nt * 8, c0 + kw0, lane);
+        keep = dropout_col16(p.drop, (uint32_t)(b * p.heads_q + h), r + qw0 + nt * 8, c0 + kw0, lane);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int kc = c0 + kw0 + g + 8 * (e >> 1);
@@ -696,20 +681,8 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_bwd_dq_kernel(cons
    * class of the tile about to run (kTileAll without a block mask). */
   const uint8_t *bm = EXT && p.bmask ? bmask_head(p, b, h) : nullptr;
   const TileWalk walk{bm ? bmask_head(p, b, 0) : nullptr,
-                      p.bm_sh,
-                      p.bm_sr,
-                      p.bm_q,
-                      p.bm_k,
-                      BR,
-                      BC,
-                      nq,
-                      nk,
-                      h,
-                      n_end - n_begin,
-                      r0,
-                      0,
-                      n_begin * BC,
-                      BC};
+                      p.bm_sh, p.bm_sr, p.bm_q, p.bm_k, BR, BC, nq, nk, h, n_end - n_begin, r0, 0,
+                      n_begin * BC, BC};
   TileSkipper<NT> skip{reinterpret_cast<uint8_t *>(sV + 2 * BC * LD), INT_MIN / 2};
   int cls = kTileAll;
   int n = n_begin, n_next, buf = 0; /* buf: K/V buffer of tile n */
@@ -727,7 +700,8 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_bwd_dq_kernel(cons
     l2[hr] = row < nq ? p.lse2[idx] : 0.f;
     di[hr] = row < nq ? p.dsum[idx] : 0.f;
   }
-  const float slope_log2 = XF && p.alibi ? p.alibi[(int64_t)b * p.alibi_sb + h] * FA_LOG2E : 0.f;
+  const float slope_log2 =
+      XF && p.alibi ? p.alibi[(int64_t)b * p.alibi_sb + h] * FA_LOG2E : 0.f;
 
   const int a_row = lane & 15, a_col = (lane >> 4) * 8;
   const int b_row = (lane & 7) + ((lane >> 4) << 3), b_col = ((lane >> 3) & 1) * 8;
@@ -770,8 +744,7 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_bwd_dq_kernel(cons
 #pragma unroll
       for (int np = 0; np < BC / 16; ++np)
         if (EXT && p.drop.keep_scale > 0.f)
-          keep |= dropout_row16(p.drop, (uint32_t)(b * p.heads_q + h), i, c0 + np * 16, t)
-                  << (4 * np);
+          keep |= dropout_row16(p.drop, (uint32_t)(b * p.heads_q + h), i, c0 + np * 16, t) << (4 * np);
 #pragma unroll
       for (int nt = 0; nt < BC / 8; ++nt)
 #pragma unroll
@@ -783,8 +756,7 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_bwd_dq_kernel(cons
           float pe = exp2f(x - l2[hr]);
           if (MASK && (col < row_lo || col >= row_hi || (EXT && some && !brow[col / p.bm_k])))
             pe = 0.f;
-          const float z =
-              EXT && p.drop.keep_scale > 0.f ? dropout_z(p.drop, keep, 2 * nt + e) : 1.f;
+          const float z = EXT && p.drop.keep_scale > 0.f ? dropout_z(p.drop, keep, 2 * nt + e) : 1.f;
           const float dpz = EXT ? acc_dp[nt][2 * hr + e] * z : acc_dp[nt][2 * hr + e];
           acc_s[nt][2 * hr + e] = pe * (dpz - di[hr]) * dfac;
         }
@@ -815,9 +787,8 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_bwd_dq_kernel(cons
   __syncthreads();
   const SeqView so = seq_view(p, blockIdx.z);
   const int ro = (gridDim.x - 1 - blockIdx.x) * BR;
-  store_tile<T, BR, D, NT>(
-      (T *)p.dq + row_off(so, false, p.dq_sb, p.dq_ss, p.dq_sh, ro, blockIdx.y), p.dq_ss, sQ,
-      min(BR, so.nq - ro), p.d, tid);
+  store_tile<T, BR, D, NT>((T *)p.dq + row_off(so, false, p.dq_sb, p.dq_ss, p.dq_sh, ro, blockIdx.y),
+                           p.dq_ss, sQ, min(BR, so.nq - ro), p.d, tid);
 }
 
 /* Launch 1 (convert false: Di, lse2, zeroed dQ accumulator) or launch 3
@@ -862,13 +833,12 @@ fa_status flash_bwd_launch(const BwdArgs &a, cudaStream_t stream) {
   };
   const size_t kv_smem = kv_smem_for(xf == 2 ? XBR : xf == 1 ? FBR : C::BR);
   using KV = void (*)(BwdArgs);
-  const KV kvs[3][2] = {
-      {flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, false, true, false>,
-       flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, false, false, false>},
-      {flash_bwd_kv_kernel<T, D, C::BC, FBR, C::NW, C::MINB, true, true, false>,
-       flash_bwd_kv_kernel<T, D, C::BC, FBR, C::NW, C::MINB, true, false, false>},
-      {flash_bwd_kv_kernel<T, D, C::BC, XBR, C::NW, C::MINB, true, true, true>,
-       flash_bwd_kv_kernel<T, D, C::BC, XBR, C::NW, C::MINB, true, false, true>}};
+  const KV kvs[3][2] = {{flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, false, true, false>,
+                         flash_bwd_kv_kernel<T, D, C::BC, C::BR, C::NW, C::MINB, false, false, false>},
+                        {flash_bwd_kv_kernel<T, D, C::BC, FBR, C::NW, C::MINB, true, true, false>,
+                         flash_bwd_kv_kernel<T, D, C::BC, FBR, C::NW, C::MINB, true, false, false>},
+                        {flash_bwd_kv_kernel<T, D, C::BC, XBR, C::NW, C::MINB, true, true, true>,
+                         flash_bwd_kv_kernel<T, D, C::BC, XBR, C::NW, C::MINB, true, false, true>}};
   const KV kv = kvs[xf][det];
   static bool kv_done[3][2] = {{false, false}, {false, false}, {false, false}};
   st = smem_limit_once(kv, kv_smem, kv_done[xf][det]);
@@ -900,10 +870,10 @@ fa_status flash_bwd_launch(const BwdArgs &a, cudaStream_t stream) {
   return bwd_rows_launch<T, D>(a, stream, true);
 }
 
-#define FA_DECLARE_BWD(D)                                                                      \
-  extern template fa_status flash_bwd_launch<__half, D>(const BwdArgs &, cudaStream_t);        \
+#define FA_DECLARE_BWD(D)                                                               \
+  extern template fa_status flash_bwd_launch<__half, D>(const BwdArgs &, cudaStream_t); \
   extern template fa_status flash_bwd_launch<__nv_bfloat16, D>(const BwdArgs &, cudaStream_t); \
-  extern template fa_status bwd_rows_launch<__half, D>(const BwdArgs &, cudaStream_t, bool);   \
+  extern template fa_status bwd_rows_launch<__half, D>(const BwdArgs &, cudaStream_t, bool); \
   extern template fa_status bwd_rows_launch<__nv_bfloat16, D>(const BwdArgs &, cudaStream_t, bool);
 FA_DECLARE_BWD(32)
 FA_DECLARE_BWD(64)

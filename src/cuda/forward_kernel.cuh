@@ -444,20 +444,8 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
    * without a block mask). */
   const uint8_t *bm = EXT && p.bmask ? bmask_head(p, b, h) : nullptr;
   const TileWalk walk{bm ? bmask_head(p, b, 0) : nullptr,
-                      p.bm_sh,
-                      p.bm_sr,
-                      p.bm_q,
-                      p.bm_k,
-                      BR,
-                      BC,
-                      nq,
-                      nk,
-                      h,
-                      n_end - n_begin,
-                      r0,
-                      0,
-                      (n_end - 1) * BC,
-                      -BC};
+                      p.bm_sh, p.bm_sr, p.bm_q, p.bm_k, BR, BC, nq, nk, h, n_end - n_begin, r0, 0,
+                      (n_end - 1) * BC, -BC};
   TileSkipper<NT> skip{reinterpret_cast<uint8_t *>(sV + BC * LD), INT_MIN / 2};
   int cls = kTileAll;
 
@@ -616,7 +604,7 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
 
     cp_async_wait<0>();
     __syncthreads(); /* V_n landed; every warp is done with K_n */
-    n_next = n - 1;  /* a full tile: only the last one is ragged */
+    n_next = n - 1; /* a full tile: only the last one is ragged */
     if constexpr (EXT)
       if (bm) n_next = n_end - 1 - skip.next(n_end - n, n_end - n_begin, walk, &cls);
     if (n_next >= n_begin)
@@ -796,8 +784,7 @@ fa_status flash_fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   /* EXT: one byte per thread for the block-mask tile classes; 32-key tiles
    * for the widest head dims, whose accumulators leave no registers spare */
   constexpr int XBC = D >= 96 ? 32 : C::BC;
-  const size_t smem =
-      (size_t)(BR + 2 * (ext ? XBC : C::BC)) * (D + 8) * sizeof(T) + (ext ? 256 : 0);
+  const size_t smem = (size_t)(BR + 2 * (ext ? XBC : C::BC)) * (D + 8) * sizeof(T) + (ext ? 256 : 0);
   const int kind = ext ? 2 : a.cap_log2 > 0.f || a.alibi != NULL || !(a.scale_log2 > 0.f);
   auto kernel = kind == 2   ? flash_fwd_kernel<T, D, C::MT, C::NW, XBC, C::QREG, true, true>
                 : kind == 1 ? flash_fwd_kernel<T, D, C::MT, C::NW, C::BC, C::QREG, true, false>

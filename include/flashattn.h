@@ -148,7 +148,8 @@ typedef struct fa_params {
    *   block_mask[s * block_mask_stride_batch + h * block_mask_stride_head
    *              + (i / block_size_q) * block_mask_stride_row + j / block_size_k] != 0
    * (rows and keys counted from the sequence's start), besides the other masks.
-   * Stride 0 broadcasts; stride_row 0 means ceil(max seqlen_k / block_size_k).
+   * Stride 0 broadcasts; stride_row 0 means ceil(k's seqlen / block_size_k),
+   * k's seqlen being the tensor's (for variable-length batches: the total).
    * Bytes, in the device's memory. fa_block_mask_from_indices converts the
    * compressed form (count and key-block indices per query block). */
   const uint8_t *block_mask;

@@ -459,6 +459,52 @@ static void t_block_is_causal(const void *arg) {
   free(x);
 }
 
+/* block_mask_stride_row = 0 means ceil(k's seqlen / block_size_k), k's seqlen
+ * being the tensor's: for a varlen batch the total of its sequences (11 keys
+ * here: 3 blocks of 4 per row, where its longest sequence's 6 would give 2). */
+static void t_block_row_stride_default(const void *arg) {
+  (void)arg;
+  const int H = 2, D = 8, nq = 11, nk = 11, bq = 3, bk = 4, nbq = 3, nbk = 3;
+  const int32_t cq[3] = {0, 4, 11}, ck[3] = {0, 5, 11};
+  uint64_t rs = 11;
+  double x[3 * 11 * 2 * 8];
+  for (size_t e = 0; e < sizeof x / sizeof x[0]; e++) x[e] = 2 * urand(&rs) - 1;
+  uint8_t bm[2 * 2 * 3 * 3];
+  for (size_t e = 0; e < sizeof bm; e++) bm[e] = urand(&rs) < 0.6;
+  for (int a = 0; a < EXT_NALGOS; a++) {
+    const fa_dtype dt = ext_algos[a] == FA_ALGO_STANDARD ? FA_DTYPE_F64 : FA_DTYPE_F32;
+    void *q = to_dtype(x, (size_t)(nq * H * D), dt),
+         *k = to_dtype(x + nq * H * D, (size_t)(nk * H * D), dt);
+    void *v = to_dtype(x + 2 * nq * H * D, (size_t)(nk * H * D), dt);
+    void *o[2] = {to_dtype(x, (size_t)(nq * H * D), dt), to_dtype(x, (size_t)(nq * H * D), dt)};
+    float lse[2][2 * 11];
+    fa_tensor tq = fa_tensor_bnhd(q, dt, 1, nq, H, D), tk = fa_tensor_bnhd(k, dt, 1, nk, H, D);
+    fa_tensor tv = fa_tensor_bnhd(v, dt, 1, nk, H, D);
+    fa_params p = {0};
+    p.algorithm = ext_algos[a];
+    p.cu_seqlens_q = cq, p.cu_seqlens_k = ck, p.num_seqs = 2;
+    p.block_mask = bm, p.block_size_q = bq, p.block_size_k = bk;
+    p.block_mask_stride_head = nbq * nbk, p.block_mask_stride_batch = H * nbq * nbk;
+    for (int r = 0; r < 2; r++) {
+      p.block_mask_stride_row = r ? nbk : 0;
+      fa_tensor to = fa_tensor_bnhd(o[r], dt, 1, nq, H, D);
+      if (fa_forward(&p, &tq, &tk, &tv, &to, lse[r]) != FA_OK)
+        tr_fail("%s, row stride %d: %s", tu_algo_name(p.algorithm), r ? nbk : 0, fa_last_error());
+    }
+    if (memcmp(o[0], o[1], (size_t)(nq * H * D) * tu_esize(dt)) ||
+        memcmp(lse[0], lse[1], sizeof lse[0]))
+      tr_fail("%s: row stride 0 is not ceil(k's seqlen / block_size_k) = %d",
+              tu_algo_name(p.algorithm), nbk);
+    /* the longest sequence's key blocks are too few for a row: refused */
+    p.block_mask_stride_row = 2;
+    size_t bytes;
+    if (fa_workspace_size(FA_PASS_FORWARD, &p, &tq, &tk, &tv, &bytes) != FA_ERR_INVALID_ARGUMENT)
+      tr_fail("%s: row stride 2 (< %d key blocks of k's seqlen) accepted",
+              tu_algo_name(p.algorithm), nbk);
+    free(q), free(k), free(v), free(o[0]), free(o[1]);
+  }
+}
+
 static void t_indices(const void *arg) {
   (void)arg;
   const int32_t counts[3] = {2, 0, 3}, idx[3 * 4] = {3, 1, 9, 9, 9, 9, 9, 9, 0, 2, 4, 9};
@@ -623,6 +669,7 @@ void register_extension_tests(void) {
   tr_add("extensions/dropout-keep-rate", t_keep_rate, NULL, 0, 0);
   tr_add("extensions/block-mask-is-causal", t_block_is_causal, NULL, 0, 0);
   tr_add("extensions/block-mask-indices", t_indices, NULL, 0, 0);
+  tr_add("extensions/block-mask-row-stride-default", t_block_row_stride_default, NULL, 0, 0);
   tr_add("extensions/validation", t_ext_validation, NULL, 0, 0);
   tr_add("extensions/probs-validation", t_probs_validation, NULL, 0, 0);
   const fa_dtype dts[3] = {FA_DTYPE_F64, FA_DTYPE_F32, FA_DTYPE_BF16};

@@ -756,6 +756,76 @@ static void window_unlimited_fn(const void *arg) {
     }
 }
 
+/* A varlen batch whose query sequences are all empty (cu_seqlens_q = {0, 0, 0})
+ * is valid: every call returns FA_OK and writes no row of O, lse or dQ; the
+ * keys of its sequences get dK = dV = 0 and the rows past them stay as they
+ * were. (It once divided by a zero chunk size in the forward's schedule and
+ * fa_workspace_size, and the standard backward passed NULL to memset.) */
+static void varlen_empty_queries_fn(const void *arg) {
+  (void)arg;
+  static const fa_algorithm algos[3] = {FA_ALGO_FLASH2, FA_ALGO_FLASH1, FA_ALGO_STANDARD};
+  static const fa_dtype dts[4] = {FA_DTYPE_F32, FA_DTYPE_F16, FA_DTYPE_BF16, FA_DTYPE_F64};
+  static const int32_t cks[2][3] = {{0, 0, 0}, {0, 3, 5}};
+  for (int a = 0; a < 3; a++)
+    for (int t = 0; t < 4; t++)
+      for (int kc = 0; kc < 2; kc++)
+        for (int threads = 1; threads <= 2; threads++) {
+          if (dts[t] == FA_DTYPE_F64 && algos[a] != FA_ALGO_STANDARD) continue;
+          vs s;
+          vs_init(&s);
+          make_varlen(&s);
+          memset(s.cu_q, 0, sizeof s.cu_q);
+          memcpy(s.cu_k, cks[kc], sizeof cks[kc]);
+          set_dtype_all(&s, dts[t]);
+          s.p.algorithm = algos[a];
+          s.p.num_threads = threads;
+          char what[96];
+          snprintf(what, sizeof what, "%s %s cu_seqlens_k {%d,%d,%d} threads %d",
+                   tu_algo_name(algos[a]), tu_dtype_name(dts[t]), cks[kc][0], cks[kc][1],
+                   cks[kc][2], threads);
+          tu_buf_poison(&s.bdq);
+          tu_buf_poison(&s.bdk);
+          tu_buf_poison(&s.bdv);
+          tu_buf_poison(&s.blsein);
+          size_t wf = 1, wb = 1;
+          fa_status st;
+          if ((st = fa_workspace_size(FA_PASS_FORWARD, &s.p, &s.q, &s.k, &s.v, &wf)) != FA_OK ||
+              (st = fa_workspace_size(FA_PASS_BACKWARD, &s.p, &s.q, &s.k, &s.v, &wb)) != FA_OK)
+            tr_fail("%s: fa_workspace_size returned %s: %s", what, fa_status_string(st),
+                    fa_last_error());
+          else if ((st = fa_forward(&s.p, &s.q, &s.k, &s.v, &s.o, s.lse)) != FA_OK)
+            tr_fail("%s: fa_forward returned %s: %s", what, fa_status_string(st), fa_last_error());
+          else if ((st = fa_backward(&s.p, &s.q, &s.k, &s.v, &s.oin, &s.dout, s.lse, &s.dq, &s.dk,
+                                     &s.dv)) != FA_OK)
+            tr_fail("%s: fa_backward returned %s: %s", what, fa_status_string(st), fa_last_error());
+          else {
+            const tu_buf *untouched[3] = {&s.bo, &s.blse, &s.bdq};
+            for (int i = 0; i < 3; i++)
+              if (!tu_bytes_poisoned(untouched[i]->raw,
+                                     untouched[i]->bytes + 2 * untouched[i]->guard_bytes))
+                tr_fail("%s: %s written although no query row exists", what,
+                        i == 0   ? "o"
+                        : i == 1 ? "lse"
+                                 : "dq");
+            /* the sequences' keys: zero gradients; the rest: as they were */
+            const size_t es = fa_dtype_size(dts[t]), row = (size_t)VHK * VD * es;
+            const size_t keys = (size_t)cks[kc][2];
+            for (int g = 0; g < 2; g++) {
+              const tu_buf *b = g ? &s.bdv : &s.bdk;
+              const unsigned char *d = (const unsigned char *)b->data;
+              for (size_t e = 0; e < keys * row; e++)
+                if (d[e] != 0) {
+                  tr_fail("%s: %s of a key no query sees is not 0", what, g ? "dv" : "dk");
+                  break;
+                }
+              if (!tu_bytes_poisoned(d + keys * row, (VNK - keys) * row) || !tu_buf_guards_ok(b))
+                tr_fail("%s: %s written past the last sequence's keys", what, g ? "dv" : "dk");
+            }
+          }
+          vs_free(&s);
+        }
+}
+
 /* ---- the small API surface ------------------------------------------------------------ */
 
 static void version_fn(const void *arg) {
@@ -875,6 +945,7 @@ void register_validation_tests(void) {
   tr_add("valid/base", base_valid_fn, NULL, 0, 0);
   tr_add("valid/lse-null", lse_null_fn, NULL, 0, 0);
   tr_add("valid/window-unlimited", window_unlimited_fn, NULL, 0, 0);
+  tr_add("valid/varlen-all-empty-queries", varlen_empty_queries_fn, NULL, 0, 0);
   for (size_t i = 0; i < sizeof k_cases / sizeof k_cases[0]; i++) {
     char name[128];
     snprintf(name, sizeof name, "invalid/%s", k_cases[i].name);

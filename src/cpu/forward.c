@@ -88,7 +88,9 @@ static fwd_sched fwd_schedule(const cpu_ctx *c) {
     while (f > 1 && (f * br * (c->D + c->Dp) * 4 > l2 / 2 ||
                      bh * cpu_cdiv(nq, f * br) < 4 * (int64_t)pb->num_threads))
       f--;
-    s.chunk = cpu_min(f * br, cpu_cdiv(nq, br) * br);
+    /* at least one Br: a varlen batch whose query sequences are all empty
+     * (nq = 0) then has no units, where a chunk of 0 rows divided by zero */
+    s.chunk = cpu_max(br, cpu_min(f * br, cpu_cdiv(nq, br) * br));
   }
   s.nchunks = cpu_cdiv(nq, s.chunk);
   s.units = bh * s.nchunks;

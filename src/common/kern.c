@@ -6,14 +6,20 @@
 
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 static const fa_kern *kern_pick(void) {
   const char *want = getenv("FLASHATTN_CPU_ISA");
   if (want && strcmp(want, "portable") == 0) return &fa_kern_portable;
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                   __builtin_cpu_supports("f16c");
+  /* F16C from CPUID leaf 1 (ECX bit 29): clang before 15 has no "f16c" for
+   * __builtin_cpu_supports; AVX2's check covers the OS's AVX state */
+  unsigned int a, b, c, d;
+  const int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
+  const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   if (fa_kern_avx512vl.gemm && avx2 && __builtin_cpu_supports("avx512f") &&
       __builtin_cpu_supports("avx512vl") && !(want && strcmp(want, "avx2") == 0))
     return &fa_kern_avx512vl;

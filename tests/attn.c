@@ -58,6 +58,9 @@ static double lse_floor(fa_dtype dt) {
   return 0;
 }
 
+double attn_naive_cap(fa_dtype dt, int backward) { return naive_cap(dt, backward); }
+double attn_lse_floor(fa_dtype dt) { return lse_floor(dt); }
+
 /* ---- configurations ------------------------------------------------------------ */
 
 acfg acfg_default(void) {

@@ -73,5 +73,9 @@ void attn_check_varlen_nan(const acfg *c); /* a NaN sequence leaves the others b
 void attn_check_rounding(const acfg *c);   /* O = (V0 + V1) / 2 exactly, rounded to nearest even */
 
 double attn_floor(fa_dtype dt, int backward);
+/* The largest error the naive storage-precision run may have (a sanity cap on
+ * the yardstick), and the floor of the lse rule (relative to max(1, |lse|)). */
+double attn_naive_cap(fa_dtype dt, int backward);
+double attn_lse_floor(fa_dtype dt);
 
 #endif

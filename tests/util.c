@@ -245,11 +245,6 @@ size_t tu_tensor_index(const fa_tensor *t, int64_t b, int64_t n, int64_t h, int6
 void tu_tensor_make(tu_tensor *x, fa_dtype dt, tu_layout layout, int64_t B, int64_t N, int64_t H,
                     int64_t D) {
   fa_tensor t;
-  memset(x, 0, sizeof *x);
-  x->B = B;
-  x->N = N;
-  x->H = H;
-  x->D = D;
   switch (layout) {
     case TU_BHND:
       t = fa_tensor_bhnd(NULL, dt, B, N, H, D);
@@ -274,6 +269,20 @@ void tu_tensor_make(tu_tensor *x, fa_dtype dt, tu_layout layout, int64_t B, int6
       t = fa_tensor_bnhd(NULL, dt, B, N, H, D);
       break;
   }
+  tu_tensor_make_strided(x, dt, B, N, H, D, t.stride_batch, t.stride_seq, t.stride_head);
+}
+
+void tu_tensor_make_strided(tu_tensor *x, fa_dtype dt, int64_t B, int64_t N, int64_t H, int64_t D,
+                            int64_t stride_batch, int64_t stride_seq, int64_t stride_head) {
+  fa_tensor t = fa_tensor_bnhd(NULL, dt, B, N, H, D);
+  memset(x, 0, sizeof *x);
+  x->B = B;
+  x->N = N;
+  x->H = H;
+  x->D = D;
+  t.stride_batch = stride_batch;
+  t.stride_seq = stride_seq;
+  t.stride_head = stride_head;
   /* Independent of the helpers' strides: the BNHD/BHND descriptors must be what
    * their names promise (checked in a validation-file case too). */
   size_t n = 0;

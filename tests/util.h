@@ -128,6 +128,10 @@ typedef struct tu_tensor {
 /* Allocates a poisoned tensor of the layout. */
 void tu_tensor_make(tu_tensor *x, fa_dtype dt, tu_layout layout, int64_t B, int64_t N, int64_t H,
                     int64_t D);
+/* The same with the given element strides (any order, gaps and broadcast
+ * strides of 0 allowed); elements outside the tensor stay poisoned. */
+void tu_tensor_make_strided(tu_tensor *x, fa_dtype dt, int64_t B, int64_t N, int64_t H, int64_t D,
+                            int64_t stride_batch, int64_t stride_seq, int64_t stride_head);
 void tu_tensor_free(tu_tensor *x);
 size_t tu_tensor_index(const fa_tensor *t, int64_t b, int64_t n, int64_t h, int64_t d);
 double tu_tensor_get(const tu_tensor *x, int64_t b, int64_t n, int64_t h, int64_t d);

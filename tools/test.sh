@@ -135,6 +135,51 @@ if [ "$quick" = 0 ]; then
   fi
 fi
 
+# ---- randomized differential testing (tests/fuzz) -------------------------------------
+# fa_fuzz draws valid cases (checked against the float64 oracle) and invalid ones (each
+# must be refused with a message, writing nothing), single-threaded and from 4 host
+# threads at once, then one tensor past 2^31 elements where memory allows; with the
+# sanitizers (not --quick) it runs again under ASan/UBSan, and the libFuzzer target
+# (clang) runs for 60 s. The seed changes daily (FA_FUZZ_SEED=S to choose); every
+# failure prints its case's seed and the command that reruns it alone.
+fuzz_seed=${FA_FUZZ_SEED:-$(date -u +%Y%m%d)}
+fuzz_start=$SECONDS
+export OMP_WAIT_POLICY=passive # cases are small: idle OpenMP threads must not spin
+echo "== fuzz: random valid and invalid cases against the float64 oracle (seed $fuzz_seed)"
+./build/bin/fa_fuzz --seed "$fuzz_seed" --valid 3000 --invalid 3000
+./build/bin/fa_fuzz --seed "$((fuzz_seed + 1))" --valid 500 --invalid 500 --concurrent 4
+./build/bin/fa_fuzz --big
+if [ "$quick" = 0 ]; then
+  echo "== fuzz under the sanitizers"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ./build-asan/bin/fa_fuzz --seed "$((fuzz_seed + 2))" --valid 500 --invalid 1000
+  echo "== fuzz: libFuzzer over the API's arguments (clang, ASan/UBSan, 60 s)"
+  if ! need clang || ! echo 'int main(void){return 0;}' |
+    clang -x c - -fsanitize=fuzzer-no-link -fopenmp -o /dev/null 2>/dev/null; then
+    pkgs="clang libomp-dev"
+    if need clang; then pkgs="$pkgs libclang-rt-$(clang -dumpversion | cut -d. -f1)-dev"; fi
+    if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq $pkgs >/dev/null
+    else sudo apt-get update -qq && sudo apt-get install -y -qq $pkgs >/dev/null; fi
+  fi
+  CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS="-O1" \
+    -DFLASHATTN_CUDA=OFF -DFLASHATTN_LIBFUZZER=ON -DFLASHATTN_TESTS=OFF -DFLASHATTN_BENCH=OFF \
+    >/dev/null
+  cmake --build build-fuzz -j"$jobs" --target fa_libfuzzer
+  mkdir -p build-fuzz/corpus
+  if ! LSAN_OPTIONS=suppressions=$PWD/tests/fuzz/lsan.supp UBSAN_OPTIONS=print_stacktrace=1 \
+    ./build-fuzz/bin/fa_libfuzzer -max_total_time=60 -max_len=256 -len_control=0 \
+    -print_final_stats=1 -artifact_prefix=build-fuzz/ build-fuzz/corpus \
+    >build-fuzz/libfuzzer.log 2>&1; then
+    tail -60 build-fuzz/libfuzzer.log
+    echo "libFuzzer failed: the input is in build-fuzz/ (crash-*, leak-*, timeout-*);" \
+      "rerun it with ./build-fuzz/bin/fa_libfuzzer FILE"
+    exit 1
+  fi
+  grep -E "^(Done|stat::(number_of_executed_units|average_exec_per_sec|new_units_added))" \
+    build-fuzz/libfuzzer.log
+fi
+echo "== fuzz took $((SECONDS - fuzz_start)) s"
+
 # ---- Python package: pip install . into a venv, then pytest python/tests ------------
 # torch comes from PyPI (its Linux wheel is the CUDA build: ~3 GB of downloads, ~5.4 GB
 # installed, 1.5 minutes cold; pip's cache in ~/.cache/pip makes reruns fast), with

@@ -6,7 +6,9 @@
 # the decode shapes: tools/peers/bench_decode.py), tables last. On Hopper test_cuda
 # runs three times: as is, with FLASHATTN_CUDA_WGMMA=strict (the Hopper
 # kernels, no fallback) and with FLASHATTN_CUDA_WGMMA=0 (every case on the
-# sm_80 kernels, as an A100 runs them; --no-sm80 skips it). Logs and JSON go
+# sm_80 kernels, as an A100 runs them; --no-sm80 skips it). fa_fuzz --cuda runs
+# 10,000 random cases against the CPU oracle and the device properties
+# (tests/fuzz), and the sanitizers run over 300 of them too. Logs and JSON go
 # to $OUT (default build-gpu/out), the *.log files packed into one logs.tgz.
 # Usage: tools/gpu-check.sh [--no-test] [--no-sm80] [--no-sanitize] [--no-bench] [--quick-bench]
 #          [--fwd-only | --bwd-only] [--no-mem] [--tune NAME=FLAGS]... [--experiments]
@@ -74,7 +76,7 @@ if [ -n "$pack" ]; then # the run's files: the library, the test and bench binar
   mkdir -p "$tmp/build-gpu/bin" "$(dirname "$pack")"
   cp -a build-gpu/libflashattn.so* "$tmp/build-gpu/"
   strip --strip-unneeded "$tmp"/build-gpu/libflashattn.so.*.*
-  for b in test_cuda test_wgmma flashattn-bench flashattn-block-sweep; do
+  for b in test_cuda test_wgmma fa_fuzz flashattn-bench flashattn-block-sweep; do
     [ -x "build-gpu/bin/$b" ] && cp "build-gpu/bin/$b" "$tmp/build-gpu/bin/"
   done
   tar czf "$pack" -C "$tmp" build-gpu && rm -rf "$tmp" && ls -la "$pack"
@@ -104,12 +106,46 @@ if [ $run_test = 1 ]; then
   fi
 fi
 
+# ---- randomized differential testing on the GPU (tests/fuzz) ------------------------------
+# fa_fuzz --cuda: random cases run on the GPU against the float64 CPU oracle (every failure
+# prints its seed and a one-line repro), then from 4 host threads with a stream each, on
+# the sm_80 kernels too where Hopper's are the default; --cuda-properties: streams at once,
+# the deterministic backward bit for bit, allocation failure, tensors past 2^31 elements.
+fuzz_seed=${FA_FUZZ_SEED:-$(date -u +%Y%m%d)}
+if [ $run_test = 1 ] && [ -x build-gpu/bin/fa_fuzz ]; then
+  export OMP_WAIT_POLICY=passive
+  stamp "fa_fuzz --cuda: 10000 random valid and 2000 invalid cases (seed $fuzz_seed)"
+  ./build-gpu/bin/fa_fuzz --cuda --seed "$fuzz_seed" --valid 10000 --invalid 2000 \
+    >"$OUT/fuzz.log" 2>&1 || status=1
+  stamp "fa_fuzz --cuda from 4 host threads, a stream each"
+  ./build-gpu/bin/fa_fuzz --cuda --seed "$((fuzz_seed + 1))" --valid 2000 --invalid 500 \
+    --concurrent 4 >>"$OUT/fuzz.log" 2>&1 || status=1
+  if nvidia-smi --query-gpu=compute_cap --format=csv,noheader | grep -q '^9\.0'; then
+    stamp "fa_fuzz --cuda with FLASHATTN_CUDA_WGMMA=0 (the sm_80 kernels)"
+    FLASHATTN_CUDA_WGMMA=0 ./build-gpu/bin/fa_fuzz --cuda --seed "$((fuzz_seed + 2))" \
+      --valid 2000 >>"$OUT/fuzz.log" 2>&1 || status=1
+  fi
+  stamp "fa_fuzz --cuda-properties"
+  ./build-gpu/bin/fa_fuzz --cuda-properties --seed "$fuzz_seed" >>"$OUT/fuzz.log" 2>&1 ||
+    status=1
+  grep -E "^(FAIL|  repro|valid|invalid|streams|deterministic|allocation|big|fa_fuzz)" \
+    "$OUT/fuzz.log" | cut -c1-300 | tail -40
+fi
+
 if [ $run_san = 1 ]; then
   for tool in memcheck racecheck; do
     stamp "compute-sanitizer --tool $tool test_cuda --small"
     compute-sanitizer --tool $tool --error-exitcode 3 ./build-gpu/bin/test_cuda --small \
       >"$OUT/$tool.log" 2>&1 || status=1
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|^FAIL|Error" "$OUT/$tool.log" | tail -5
+    if [ -x build-gpu/bin/fa_fuzz ]; then
+      stamp "compute-sanitizer --tool $tool fa_fuzz --cuda (300 random cases)"
+      OMP_WAIT_POLICY=passive compute-sanitizer --tool $tool --error-exitcode 3 \
+        ./build-gpu/bin/fa_fuzz --cuda --seed "$((fuzz_seed + 3))" --valid 300 --invalid 100 \
+        >"$OUT/fuzz-$tool.log" 2>&1 || status=1
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^valid|^invalid|^FAIL|^fa_fuzz" \
+        "$OUT/fuzz-$tool.log" | cut -c1-300 | tail -6
+    fi
   done
 fi
 

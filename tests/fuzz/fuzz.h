@@ -125,10 +125,11 @@ typedef struct fz_stats {
 void fz_check_valid(const fz_case *c, const fz_dev *dev, int bitwise_threads, fz_ctx *x,
                     fz_stats *st);
 
-/* Invalid case: a valid case with mutation m (fz_num_mutations()) applied. */
+/* Invalid case: a valid case with mutation m (fz_num_mutations()) applied, or
+ * the next one that applies to the case; returns the one applied. */
 int fz_num_mutations(void);
 const char *fz_mutation_name(int m);
-void fz_check_invalid(const fz_case *c, int m, const fz_dev *dev, fz_ctx *x);
+int fz_check_invalid(const fz_case *c, int m, const fz_dev *dev, fz_ctx *x);
 
 /* Deterministic backward: two runs of the tested backward (deterministic = 1)
  * give the same bits (a device's; the CPU's always). */

@@ -101,11 +101,15 @@ static int run_valid(const fz_opts *o, const fz_dev *dev, uint64_t seed, int bit
 static int run_invalid(const fz_opts *o, const fz_dev *dev, uint64_t seed, fz_tally *t) {
   fz_case c;
   fz_draw(&c, seed, o->cuda);
-  const int m = (int)(fz_mix(seed, 1) % (uint64_t)fz_num_mutations());
+  int m = (int)(fz_mix(seed, 1) % (uint64_t)fz_num_mutations());
   fz_ctx x = {0, "", o->verbose};
-  if (o->verbose)
-    printf("invalid %#llx: mutation %s\n", (unsigned long long)seed, fz_mutation_name(m));
-  fz_check_invalid(&c, m, dev, &x);
+  if (o->verbose) {
+    char desc[1024];
+    fz_describe(&c, desc, sizeof desc);
+    printf("invalid %#llx: %s\n", (unsigned long long)seed, desc);
+  }
+  m = fz_check_invalid(&c, m, dev, &x);
+  if (o->verbose) printf("  mutation: %s\n", fz_mutation_name(m));
   t->invalid++;
   t->mutation_counts[m % 64]++;
   if (x.failures) {
@@ -126,19 +130,21 @@ typedef struct fz_worker {
   int msg_failures;
 } fz_worker;
 
-/* Between cases a worker sets a message only it can have made and checks it
- * is still there after the others' calls: fa_last_error() is per thread. */
+/* Between cases a worker sets messages only it can have made (a pass value of
+ * its own) and checks each is still there after a valid call, while the other
+ * workers do the same: fa_last_error() is per thread. */
 static void own_message(fz_worker *w, long i) {
-  const int pass = 100000 + w->first * 1000 + (int)(i % 1000);
-  char want[64];
-  snprintf(want, sizeof want, "pass: unknown pass %d", pass);
   fa_params p;
   memset(&p, 0, sizeof p);
   float buf[8] = {0};
   fa_tensor q = fa_tensor_bnhd(buf, FA_DTYPE_F32, 1, 1, 1, 8);
   size_t bytes;
-  (void)fa_workspace_size((fa_pass)pass, &p, &q, &q, &q, &bytes);
-  for (int spin = 0; spin < 100; spin++)
+  for (int round = 0; round < 64; round++) {
+    const int pass = 100000 + w->first * 10000 + (int)((i * 64 + round) % 10000);
+    char want[64];
+    snprintf(want, sizeof want, "pass: unknown pass %d", pass);
+    (void)fa_workspace_size((fa_pass)pass, &p, &q, &q, &q, &bytes);
+    (void)fa_workspace_size(FA_PASS_FORWARD, &p, &q, &q, &q, &bytes); /* valid: no message */
     if (strcmp(fa_last_error(), want) != 0) {
       pthread_mutex_lock(&g_lock);
       printf("FAIL concurrent: thread %d's fa_last_error() is \"%s\", not its own \"%s\"\n",
@@ -147,6 +153,7 @@ static void own_message(fz_worker *w, long i) {
       w->msg_failures++;
       break;
     }
+  }
 }
 
 /* The worker's device: its own stream where the device has streams. */

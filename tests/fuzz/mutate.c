@@ -405,7 +405,7 @@ const char *fz_mutation_name(int m) { return k_muts[m % NMUTS].name; }
 
 static size_t raw_bytes(const tu_buf *b) { return b->bytes + 2 * b->guard_bytes; }
 
-void fz_check_invalid(const fz_case *c0, int m, const fz_dev *dev, fz_ctx *x) {
+int fz_check_invalid(const fz_case *c0, int m, const fz_dev *dev, fz_ctx *x) {
   fz_case c = *c0;
   c.backward = 1; /* every tensor exists */
   fz_data d;
@@ -517,4 +517,5 @@ void fz_check_invalid(const fz_case *c0, int m, const fz_dev *dev, fz_ctx *x) {
   free(k.extra);
   fz_run_free(&r);
   fz_data_free(&d);
+  return mi;
 }

@@ -109,7 +109,7 @@ typedef struct fz_dev {
   void *(*thread_stream)(void);
 } fz_dev;
 
-extern const fz_dev fz_cpu;
+extern const fz_dev fz_cpu, fz_cpu_mirrored;
 
 /* ---- the checks ------------------------------------------------------------ */
 

@@ -12,7 +12,9 @@
  * cases run on T host threads at once (each checking its own
  * fa_last_error()). --big: one tensor of more than 2^31 elements (skipped
  * when memory is short). --cuda: the tested runs on the GPU (a build with the
- * CUDA backend), the oracle on the CPU. Exit status 1 on any failure. */
+ * CUDA backend), the oracle on the CPU; --mirror: the CPU backend through host
+ * copies of every buffer, as --cuda drives a device. Exit status 1 on any
+ * failure. */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -279,6 +281,8 @@ int main(int argc, char **argv) {
       o.cuda = 1;
     else if (!strcmp(a, "--cuda-properties"))
       props = 1;
+    else if (!strcmp(a, "--mirror"))
+      o.dev = fz_cpu_mirrored;
     else if (!strcmp(a, "-v"))
       o.verbose = 1;
     else {

@@ -45,7 +45,20 @@ const fz_dev fz_cpu = {.device = FA_DEVICE_CPU,
                        .sync = cpu_sync,
                        .mem_available = cpu_mem_available};
 
-static int on_host(const fz_dev *dev) { return dev->device == FA_DEVICE_CPU; }
+/* The call reads the buffers in place (else through mirrors: a device, or --mirror). */
+static int on_host(const fz_dev *dev) { return dev->alloc == cpu_alloc; }
+
+/* --mirror: the CPU backend through host copies, as a device is driven (the
+ * device path of these checks, tested where no device is). */
+static void *mirror_alloc(size_t n) { return aligned_alloc(256, (n + 255) / 256 * 256 + 256); }
+static void mirror_copy(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
+const fz_dev fz_cpu_mirrored = {.device = FA_DEVICE_CPU,
+                                .alloc = mirror_alloc,
+                                .release = free,
+                                .upload = mirror_copy,
+                                .download = mirror_copy,
+                                .sync = cpu_sync,
+                                .mem_available = cpu_mem_available};
 
 /* ---- sequences and masks ---------------------------------------------------------- */
 

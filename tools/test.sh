@@ -152,7 +152,7 @@ echo "== fuzz: random valid and invalid cases against the float64 oracle (seed $
 if [ "$quick" = 0 ]; then
   echo "== fuzz under the sanitizers"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ./build-asan/bin/fa_fuzz --seed "$((fuzz_seed + 2))" --valid 500 --invalid 1000
+    ./build-asan/bin/fa_fuzz --seed "$((fuzz_seed + 2))" --valid 1500 --invalid 2000
   echo "== fuzz: libFuzzer over the API's arguments (clang, ASan/UBSan, 60 s)"
   if ! need clang || ! echo 'int main(void){return 0;}' |
     clang -x c - -fsanitize=fuzzer-no-link -fopenmp -o /dev/null 2>/dev/null; then

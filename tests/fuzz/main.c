@@ -1,8 +1,9 @@
 /* fa_fuzz: randomized differential testing of the public API (fuzz.h).
  *
  *   fa_fuzz [--seed S] [--valid N] [--invalid N] [--seconds T] [--bitwise-every K]
- *           [--concurrent T] [--big] [--cuda] [--repeat-every K] [-v]
- *   fa_fuzz --case SEED | --invalid-case SEED    (one case, verbose: a repro)
+ *           [--concurrent T] [--big] [--cuda | --mirror] [--repeat-every K] [-v]
+ *   fa_fuzz --case SEED | --invalid-case SEED [--cuda]   (one case, verbose: a repro)
+ *   fa_fuzz --cuda-properties                            (device_cuda.c)
  *
  * Runs N valid and N invalid cases drawn from seeds derived from S (default:
  * from the clock; printed), or as many as fit in T seconds each. Every
@@ -237,9 +238,10 @@ static uint64_t parse_u64(const char *s) { return strtoull(s, NULL, 0); }
 static void usage(const char *prog) {
   fprintf(stderr,
           "usage: %s [--seed S] [--valid N] [--invalid N] [--seconds T] [--bitwise-every K]\n"
-          "          [--concurrent T] [--big] [--cuda] [--repeat-every K] [-v]\n"
-          "       %s --case SEED | --invalid-case SEED [--cuda]\n",
-          prog, prog);
+          "          [--concurrent T] [--big] [--cuda | --mirror] [--repeat-every K] [-v]\n"
+          "       %s --case SEED | --invalid-case SEED [--cuda]\n"
+          "       %s --cuda-properties\n",
+          prog, prog, prog);
 }
 
 int main(int argc, char **argv) {

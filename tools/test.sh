@@ -141,50 +141,64 @@ fi
 # threads at once, then one tensor past 2^31 elements where memory allows; with the
 # sanitizers (not --quick) it runs again under ASan/UBSan, and the libFuzzer target
 # (clang) runs for 60 s. The seed changes daily (FA_FUZZ_SEED=S to choose); every
-# failure prints its case's seed and the command that reruns it alone.
+# failure prints its case's seed and the command that reruns it alone. The cases are
+# small: idle OpenMP threads must not spin (OMP_WAIT_POLICY=passive).
 fuzz_seed=${FA_FUZZ_SEED:-$(date -u +%Y%m%d)}
-fuzz_start=$SECONDS
-export OMP_WAIT_POLICY=passive # cases are small: idle OpenMP threads must not spin
-echo "== fuzz: random valid and invalid cases against the float64 oracle (seed $fuzz_seed)"
-./build/bin/fa_fuzz --seed "$fuzz_seed" --valid 3000 --invalid 3000
-./build/bin/fa_fuzz --seed "$((fuzz_seed + 1))" --valid 500 --invalid 500 --concurrent 4
-./build/bin/fa_fuzz --big
-if [ "$quick" = 0 ]; then
-  echo "== fuzz under the sanitizers"
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ./build-asan/bin/fa_fuzz --seed "$((fuzz_seed + 2))" --valid 1500 --invalid 2000
-  echo "== fuzz: libFuzzer over the API's arguments (clang, ASan/UBSan, 60 s)"
-  # clang with OpenMP and its libFuzzer runtime (whose package name varies by release)
+fuzz() { env OMP_WAIT_POLICY=passive "$@"; }
+fuzz_build() { # clang with OpenMP and its libFuzzer runtime (whose package name varies)
   fuzzer_ok() {
     echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return d && n; }' |
       clang -x c - -fsanitize=fuzzer,address -fopenmp -o /dev/null 2>/dev/null
   }
   if ! need clang || ! fuzzer_ok; then
-    sudo_=; [ "$(id -u)" = 0 ] || sudo_=sudo
-    $sudo_ apt-get update -qq && $sudo_ apt-get install -y -qq clang libomp-dev >/dev/null
+    as_root apt-get update -qq && as_root apt-get install -y -qq clang libomp-dev >/dev/null
+    local v p
     v=$(clang -dumpversion | cut -d. -f1)
-    for p in libclang-rt-$v-dev libclang-rt-dev libclang-common-$v-dev; do
-      fuzzer_ok || $sudo_ apt-get install -y -qq "$p" >/dev/null 2>&1 || true
+    for p in "libclang-rt-$v-dev" libclang-rt-dev "libclang-common-$v-dev"; do
+      fuzzer_ok || as_root apt-get install -y -qq "$p" >/dev/null 2>&1 || true
     done
   fi
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS="-O1" \
     -DFLASHATTN_CUDA=OFF -DFLASHATTN_LIBFUZZER=ON -DFLASHATTN_TESTS=OFF -DFLASHATTN_BENCH=OFF \
-    >/dev/null
-  cmake --build build-fuzz -j"$jobs" --target fa_libfuzzer
+    >/dev/null && cmake --build build-fuzz -j"$jobs" --target fa_libfuzzer
+}
+fuzz_run() {
   mkdir -p build-fuzz/corpus
   if ! LSAN_OPTIONS=suppressions=$PWD/tests/fuzz/lsan.supp UBSAN_OPTIONS=print_stacktrace=1 \
-    ./build-fuzz/bin/fa_libfuzzer -max_total_time=60 -max_len=256 -len_control=0 \
+    fuzz ./build-fuzz/bin/fa_libfuzzer -max_total_time=60 -max_len=256 -len_control=0 \
     -print_final_stats=1 -artifact_prefix=build-fuzz/ build-fuzz/corpus \
     >build-fuzz/libfuzzer.log 2>&1; then
     tail -60 build-fuzz/libfuzzer.log
     echo "libFuzzer failed: the input is in build-fuzz/ (crash-*, leak-*, timeout-*);" \
       "rerun it with ./build-fuzz/bin/fa_libfuzzer FILE"
-    exit 1
+    return 1
   fi
   grep -E "^(Done|stat::(number_of_executed_units|average_exec_per_sec|new_units_added))" \
     build-fuzz/libfuzzer.log
+}
+if [ -x build/bin/fa_fuzz ]; then
+  stage "fuzz (seed $fuzz_seed)" fuzz ./build/bin/fa_fuzz --seed "$fuzz_seed" --valid 3000 \
+    --invalid 3000
+  stage "fuzz, 4 host threads at once" fuzz ./build/bin/fa_fuzz --seed "$((fuzz_seed + 1))" \
+    --valid 500 --invalid 500 --concurrent 4
+  stage "fuzz, a tensor past 2^31 elements" fuzz ./build/bin/fa_fuzz --big
+else
+  skip "fuzz" "the release build failed"
 fi
-echo "== fuzz took $((SECONDS - fuzz_start)) s"
+if [ "$quick" = 0 ]; then
+  if [ -x build-asan/bin/fa_fuzz ]; then
+    stage "fuzz (sanitizers)" env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+      UBSAN_OPTIONS=print_stacktrace=1 OMP_WAIT_POLICY=passive ./build-asan/bin/fa_fuzz \
+      --seed "$((fuzz_seed + 2))" --valid 1500 --invalid 2000
+  else
+    skip "fuzz (sanitizers)" "the sanitizer build failed"
+  fi
+  if step "libFuzzer build (clang, ASan/UBSan)" fuzz_build; then
+    stage "libFuzzer over the arguments, 60 s" fuzz_run
+  else
+    skip "libFuzzer over the arguments, 60 s" "its build failed"
+  fi
+fi
 
 # ---- Python package: pip install . into a venv, then pytest python/tests ------------
 # torch comes from PyPI (its Linux wheel is the CUDA build: ~3 GB of downloads, ~5.4 GB

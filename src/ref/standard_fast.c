@@ -150,10 +150,16 @@ typedef struct sf_item {
   fa_mask mk;
 } sf_item;
 
-/* Parts per head: enough items for every thread when heads are few. */
+/* Parts per head: enough items for every thread when heads are few, but no
+ * more than a head has SF_PART-row blocks (the others would be empty: a
+ * num_threads of 10^9 made 10^9 items of nothing; the parts' rows, and so the
+ * results, are the same either way). */
 static int64_t sf_parts(const fa_problem *pb, int64_t heads) {
   const int64_t units = pb->batch * heads;
-  return units >= pb->num_threads ? 1 : (pb->num_threads + units - 1) / units;
+  const int64_t n = pb->max_seqlen_q > pb->max_seqlen_k ? pb->max_seqlen_q : pb->max_seqlen_k;
+  const int64_t most = n > SF_PART ? (n + SF_PART - 1) / SF_PART : 1;
+  const int64_t want = units >= pb->num_threads ? 1 : (pb->num_threads + units - 1) / units;
+  return want < most ? want : most;
 }
 
 /* Item it of heads x parts (keys: its range counts keys, else query rows); 0 when

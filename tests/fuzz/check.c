@@ -273,21 +273,11 @@ static void check_bitwise(fz_ctx *x, const fz_case *c, const fz_data *d, const f
   fz_run_free(&b);
 }
 
-/* A refusal the CUDA backend documents (forward.cu's fa_cuda_check). */
+/* A refusal the CUDA backend documents (forward.cu's fa_cuda_check): 16-bit
+ * storage only, no standard backward. */
 static int cuda_refuses(const fz_case *c) {
   if (c->dtype != FA_DTYPE_F16 && c->dtype != FA_DTYPE_BF16) return 1;
-  if (c->algo == FA_ALGO_STANDARD) return c->backward;
-  for (int t = 0; t < FZ_NT; t++) {
-    int64_t sh[4], s[3];
-    const int64_t *n = sh;
-    if (t >= FZ_DO && !c->backward) break;
-    const int kside = t == FZ_K || t == FZ_V || t == FZ_DK || t == FZ_DV;
-    sh[0] = c->B, sh[1] = kside ? c->NK : c->NQ, sh[2] = kside ? c->HK : c->HQ, sh[3] = c->D;
-    fz_layout_strides(&c->lay[t], sh[0], sh[1], sh[2], sh[3], s);
-    for (int k = 0; k < 3; k++)
-      if (n[k] > 1 && s[k] % 8) return 1;
-  }
-  return 0;
+  return c->algo == FA_ALGO_STANDARD && c->backward;
 }
 
 void fz_check_valid(const fz_case *c, const fz_dev *dev, int bitwise_threads, fz_ctx *x,

@@ -48,6 +48,7 @@ static int64_t rd_val(reader *r) {
 
 #define CAP_BYTES ((int64_t)16 << 20) /* largest buffer backed with memory */
 #define CAP_WORK ((double)(1 << 22))  /* largest problem computed */
+#define CAP_UNITS ((double)(1 << 12)) /* most (sequence, head) pairs computed */
 #define MAX_SEQS 64
 
 typedef struct fuzz_args {
@@ -215,7 +216,7 @@ static void edit(fuzz_args *a, reader *r) {
       p->block_mask_stride_row = v;
       break;
     case 41:
-      p->num_threads = (int)(v > 2 ? 2 : v); /* never many threads per input */
+      p->num_threads = v < 0 ? -1 : v > 2 ? 2 : (int)v; /* never many threads per input */
       break;
     case 42:
       a->ws_mode = 2, a->ws_bytes = v;
@@ -347,7 +348,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       total_q = INT64_MAX;
     double work = (double)q->batch * (double)q->heads * (double)q->seqlen * (double)k->seqlen *
                   (double)q->headdim;
-    if (!(work <= CAP_WORK)) runnable = 0;
+    /* and few (sequence, head) units: each has a cost of its own, however small */
+    if (!(work <= CAP_WORK) || (double)q->batch * (double)q->heads > CAP_UNITS) runnable = 0;
     if (__builtin_mul_overflow(q->heads, total_q, &lse_n) || lse_n > CAP_BYTES / 4)
       runnable = 0, lse_n = 0;
   }

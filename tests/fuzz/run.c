@@ -387,10 +387,16 @@ void fz_run_free(fz_run *r) {
 
 static const char *const tname[FZ_NT] = {"q", "k", "v", "o", "dout", "dq", "dk", "dv"};
 
-/* Caller workspace of the queried size (workspace 2: up to 4 KiB more). */
+/* Caller workspace of the queried size (workspace 2: up to 4 KiB more). On a
+ * device the size assumes the outputs (which fa_workspace_size does not see)
+ * have rows on 16-byte boundaries; ours may not: room for their padded copies. */
 static void take_workspace(fz_run *r, int w, size_t bytes) {
   const fz_dev *dev = r->o.dev;
-  const size_t extra = r->o.workspace == 2 ? (size_t)(r->c->seed % 4096) : 0;
+  size_t extra = r->o.workspace == 2 ? (size_t)(r->c->seed % 4096) : 0;
+  if (!on_host(dev))
+    for (int t = FZ_O; t < FZ_NT; t++)
+      if (r->have[t])
+        extra += (size_t)(r->t[t].B * r->t[t].N * r->t[t].H * ((r->t[t].D + 7) / 8 * 8)) * 2 + 256;
   tu_buf_alloc(&r->ws[w], bytes + extra + 1, 1); /* never 0 bytes */
   r->mws[w] = mirror(dev, &r->ws[w]);
 }

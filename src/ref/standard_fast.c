@@ -133,6 +133,24 @@ static void sf_load_rows_t(const fa_problem *pb, const fa_kern *kn, float *dst, 
                     t->stride_seq * (int64_t)fa_dtype_size(pb->dtype), pb->dtype, n, pb->headdim);
 }
 
+/* Keys [j, j + n) of K^T (16-wide panels) and V, rows kr.. of batch entry kb. */
+static void sf_load_kv_run(const fa_problem *pb, const fa_kern *kn, sf_bufs *b, int64_t kb,
+                           int64_t kr, int64_t hk, int64_t j, int64_t n) {
+  const int64_t Dp = fa_round_up(pb->headdim, FA_VL);
+  if (j % 16 == 0) {
+    sf_load_rows_t(pb, kn, b->KT + j * pb->headdim, &pb->k, kb, kr, hk, n);
+  } else { /* a run starting inside a panel: row by row */
+    float row[FA_MAX_HEADDIM];
+    for (int64_t r = 0; r < n; r++) {
+      fa_load_row_f32(row, sf_row(pb, &pb->k, kb, kr + r, hk), pb->dtype, pb->headdim);
+      const int64_t jr = j + r;
+      for (int64_t d = 0; d < pb->headdim; d++)
+        b->KT[jr / 16 * 16 * pb->headdim + d * 16 + jr % 16] = row[d];
+    }
+  }
+  sf_load_rows(pb, kn, b->V + j * Dp, &pb->v, kb, kr, hk, n);
+}
+
 /* Columns [*c0, *c1) of rows [i0, i0+n): the 16-wide panels that hold their
  * visible keys (row ranges are non-decreasing in the row). */
 static void sf_band(const sf_bufs *b, int64_t i0, int64_t n, int64_t *c0, int64_t *c1) {
@@ -259,9 +277,15 @@ static void sf_unit(const fa_problem *pb, const fa_kern *kn, sf_bufs *b, int64_t
   if (nq == 0) return;
   sf_load_rows(pb, kn, b->Q, &pb->q, sq.qb, sq.q0, h, nq);
   sf_row_ranges(&mk, nq, b->lo, b->hi);
-  if (nk > 0) {
-    sf_load_rows_t(pb, kn, b->KT, &pb->k, sq.kb, sq.k0, hk, nk);
-    sf_load_rows(pb, kn, b->V, &pb->v, sq.kb, sq.k0, hk, nk);
+  if (nk > 0) { /* in runs of consecutive rows (a paged cache's pages) */
+    for (int64_t j = 0; j < nk;) {
+      int64_t kb, kr, n = fa_problem_krow(pb, &sq, j, &kb, &kr);
+      if (n > nk - j) n = nk - j;
+      sf_load_kv_run(pb, kn, b, kb, kr, hk, j, n);
+      j += n;
+    }
+    for (int64_t jr = nk; jr < nkp; jr++) /* K^T's last panel past the keys: 0 */
+      for (int64_t d = 0; d < D; d++) b->KT[jr / 16 * 16 * D + d * 16 + jr % 16] = 0.0f;
   }
   float *lse = pb->lse ? pb->lse + sq.lse0 + h * sq.lse_head_stride : b->O;
   sf_probs(pb, kn, b, &sq, &mk, s, h, lse, NULL);

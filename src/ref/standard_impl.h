@@ -46,11 +46,15 @@ static const char *SFX(ref_row)(const fa_tensor *t, int64_t b, int64_t n, int64_
   return (const char *)t->data + fa_tensor_offset(t, b, n, h) * (int64_t)fa_dtype_size(t->dtype);
 }
 
-/* Loads rows [r0, r0+n) of head h of a K/V-shaped tensor into dst (n x D). */
-static void SFX(ref_load_rows)(REAL *dst, const fa_tensor *t, int64_t b, int64_t r0, int64_t n,
-                               int64_t h) {
-  for (int64_t r = 0; r < n; r++)
-    LOAD_ROW(dst + r * t->headdim, SFX(ref_row)(t, b, r0 + r, h), t->dtype, t->headdim);
+/* Loads the rows of keys [0, n) of sequence sq, head h, of K or V (t) into
+ * dst (n x D), wherever they lie (fa_problem_krow: a cache's rows, pages). */
+static void SFX(ref_load_rows)(REAL *dst, const fa_problem *pb, const fa_tensor *t,
+                               const fa_seq *sq, int64_t n, int64_t h) {
+  for (int64_t r = 0; r < n; r++) {
+    int64_t b, row;
+    fa_problem_krow(pb, sq, r, &b, &row);
+    LOAD_ROW(dst + r * t->headdim, SFX(ref_row)(t, b, row, h), t->dtype, t->headdim);
+  }
 }
 
 static REAL SFX(ref_slope)(const fa_problem *pb, int64_t s, int64_t h) {
@@ -121,8 +125,8 @@ static fa_status SFX(ref_forward)(const fa_problem *pb) {
     REAL *kb = p + (size_t)pb->max_seqlen_q * (size_t)pb->max_seqlen_k;
     REAL *vb = kb + pb->max_seqlen_k * D, *qrow = vb + pb->max_seqlen_k * D, *orow = qrow + D;
     float *lse = pb->lse + sq.lse0 + h * sq.lse_head_stride;
-    SFX(ref_load_rows)(kb, &pb->k, sq.kb, sq.k0, sq.nk, hk);
-    SFX(ref_load_rows)(vb, &pb->v, sq.kb, sq.k0, sq.nk, hk);
+    SFX(ref_load_rows)(kb, pb, &pb->k, &sq, sq.nk, hk);
+    SFX(ref_load_rows)(vb, pb, &pb->v, &sq, sq.nk, hk);
     SFX(ref_probabilities)(pb, s, &sq, &mk, h, SFX(ref_slope)(pb, s, h), kb, p, NULL, qrow, lse);
     const fa_dropout dr = fa_dropout_make(pr->dropout_p, pr->dropout_seed, pr->dropout_offset);
     const uint64_t bh = (uint64_t)(s * pb->heads_q + h);
@@ -158,8 +162,8 @@ static fa_status SFX(ref_backward)(const fa_problem *pb) {
     REAL *p = (REAL *)((char *)pb->workspace + (size_t)omp_get_thread_num() * slice);
     REAL *ds = p + nn, *kb = ds + nn, *vb = kb + MK * D, *dkb = vb + MK * D, *dvb = dkb + MK * D;
     REAL *qrow = dvb + MK * D, *dorow = qrow + D, *dqrow = dorow + D, *dprow = dqrow + D;
-    SFX(ref_load_rows)(kb, &pb->k, sq.kb, sq.k0, nk, hk);
-    SFX(ref_load_rows)(vb, &pb->v, sq.kb, sq.k0, nk, hk);
+    SFX(ref_load_rows)(kb, pb, &pb->k, &sq, nk, hk);
+    SFX(ref_load_rows)(vb, pb, &pb->v, &sq, nk, hk);
     memset(dkb, 0, (size_t)(nk * D) * sizeof(REAL));
     memset(dvb, 0, (size_t)(nk * D) * sizeof(REAL));
     for (int64_t h = hk * pb->group; h < (hk + 1) * pb->group; h++) {

@@ -170,7 +170,7 @@ typedef struct fa_params {
    * page size on the CPU and on CUDA (the Hopper kernels take multiples of
    * 8; others run on the sm_80 kernels). fa_backward refuses it
    * (FA_ERR_UNSUPPORTED), as flash-attn's paged path is inference-only, and so
-   * does CUDA with dropout or a block mask. */
+   * does CUDA with dropout, a block mask or FA_ALGO_STANDARD. */
   const int32_t *block_table;
   int64_t block_table_stride;
   int64_t max_pages_per_seq;
@@ -265,7 +265,8 @@ typedef struct fa_kvcache {
  * block_table; q is (B, seqlen_q, heads_q, D). params must not set
  * cu_seqlens, seqused_k (cache_seqlens is its place) or dropout. On CUDA the
  * new rows are written and read in the call's stream order, like the rest
- * of it. */
+ * of it; there the call takes the flash algorithms (FA_ALGO_STANDARD:
+ * FA_ERR_UNSUPPORTED). */
 fa_status fa_forward_kvcache(const fa_params *params, const fa_kvcache *kv, const fa_tensor *q,
                              fa_tensor *k_cache, fa_tensor *v_cache, fa_tensor *o, float *lse);
 

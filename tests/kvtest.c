@@ -6,8 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attn.h"
-
 /* ---- configurations ---------------------------------------------------------- */
 
 kvcfg kvcfg_default(void) {

@@ -18,6 +18,7 @@ strip --strip-unneeded "$tmp"/build-gpu/libflashattn.so.*.*
 cp build-gpu/bin/test_cuda build-gpu/bin/flashattn-bench build-gpu/bin/flashattn-block-sweep \
   "$tmp/build-gpu/bin/"
 [ -x build-gpu/bin/test_wgmma ] && cp build-gpu/bin/test_wgmma "$tmp/build-gpu/bin/"
+[ -x build-gpu/bin/test_cuda_kv ] && cp build-gpu/bin/test_cuda_kv "$tmp/build-gpu/bin/"
 tar czf .gpu/build-gpu.tar.gz -C "$tmp" build-gpu
 rm -rf "$tmp"
 ls -la .gpu/build-gpu.tar.gz

@@ -217,9 +217,10 @@ static int prob_make(kvprob *p, const kvcfg *c) {
     free(perm);
     p->table_lib = (int32_t *)malloc(sizeof(int32_t) * (size_t)(S * p->ppseq));
     memcpy(p->table_lib, p->table, sizeof(int32_t) * (size_t)(S * p->ppseq));
-    if (c->sabotage) { /* two of sequence 0's pages swapped */
-      if ((rows[0] + c->page - 1) / c->page < 2) return 0;
-      p->table_lib[0] = p->table[1], p->table_lib[1] = p->table[0];
+    if (c->sabotage) { /* sequence 0's last two pages swapped */
+      const int last = (rows[0] + c->page - 1) / c->page - 1;
+      if (last < 1) return 0;
+      p->table_lib[last - 1] = p->table[last], p->table_lib[last] = p->table[last - 1];
     }
   }
   /* the cache: NaN everywhere, random in the rows read before the call */

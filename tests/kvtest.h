@@ -53,7 +53,7 @@ typedef struct kvcfg {
   int pad;      /* elements of gap after each cache head row */
   int threads;  /* CPU threads (0: all) */
   int ws;       /* pass a caller workspace of the queried size */
-  int sabotage; /* meta: the library gets a table with two of sequence 0's pages swapped */
+  int sabotage; /* meta: the library gets a table with sequence 0's last two pages swapped */
   uint64_t seed;
 } kvcfg;
 

@@ -9,7 +9,7 @@
 
 static void kv_case_fn(const void *arg) { kv_check((const kvcfg *)arg, &kv_host); }
 
-/* A deliberately broken table (two pages swapped) must be caught. */
+/* A deliberately broken table (the last two pages swapped) must be caught. */
 static void kv_sabotage_fn(const void *arg) {
   const kvcfg c = *(const kvcfg *)arg;
   const int before = tr_failures(), was = tr_silent(1);
@@ -108,7 +108,7 @@ static void paged_cases(void) {
   reg("paged", c, 0);
   c.nq = 1, c.hq = 4, c.hk = 1;
   reg("paged", c, 0);
-  /* the suite catches two pages swapped (ALiBi: attention sees key order) */
+  /* the suite catches the last two pages swapped (their rows past the keys hold NaN) */
   c = kvcfg_default();
   c.page = 16, c.cap = 64, c.nq = 4, c.seqused = 1, c.alibi = 1;
   const int us[2] = {60, 40};
@@ -116,6 +116,13 @@ static void paged_cases(void) {
   c.sabotage = 1;
   reg("meta", c, 0);
   c.nq = 1;
+  reg("meta", c, 0);
+  /* the GPU suite's: no ALiBi, a partly filled last page */
+  c = kvcfg_default();
+  c.dt = FA_DTYPE_F16, c.d = 128, c.nq = 16, c.page = 64, c.cap = 512, c.seqused = 1, c.causal = 1;
+  c.sabotage = 1;
+  const int u6[2] = {500, 300};
+  seqs(&c, 2, NULL, u6);
   reg("meta", c, 0);
 }
 
@@ -203,12 +210,18 @@ static void call_cases(void) {
   /* the float64 oracle's own path */
   c.dt = FA_DTYPE_F64, c.algo = FA_ALGO_STANDARD;
   reg("call", c, 0);
-  /* a wrong page under the call */
+  /* the last two pages swapped under the call */
   c = kvcfg_default();
   c.api = KV_CALL, c.nq = 1, c.nnew = 1, c.cap = 64, c.page = 16, c.rotary = 32, c.alibi = 1;
   const int sl8[2] = {40, 63};
   seqs(&c, 2, NULL, sl8);
   c.sabotage = 1;
+  reg("meta", c, 0);
+  c = kvcfg_default(); /* the GPU suite's */
+  c.api = KV_CALL, c.dt = FA_DTYPE_BF16, c.d = 128, c.nq = 8, c.nnew = 8, c.cap = 512, c.page = 64;
+  c.rotary = 128, c.causal = 1, c.sabotage = 1;
+  const int sl9[2] = {300, 200};
+  seqs(&c, 2, NULL, sl9);
   reg("meta", c, 0);
 }
 

@@ -41,7 +41,7 @@ static kvdev g_dev = {FA_DEVICE_CUDA, NULL, d_alloc, d_up, d_down, d_free,
 
 static void case_fn(const void *arg) { kv_check((const kvcfg *)arg, &g_dev); }
 
-/* A deliberately wrong table (two pages swapped) must be caught. */
+/* A deliberately wrong table (the last two pages swapped) must be caught. */
 static void sabotage_fn(const void *arg) {
   const int before = tr_failures(), was = tr_silent(1);
   kv_check((const kvcfg *)arg, &g_dev);
@@ -125,7 +125,7 @@ static void paged_cases(void) {
   const int u4[2] = {1000, 64};
   seqs(&c, 2, NULL, u4);
   reg("paged", c, 0);
-  /* the suite catches two pages swapped */
+  /* the suite catches the last two pages swapped */
   c = base(FA_DTYPE_F16, 128);
   c.nq = 16, c.page = 64, c.cap = 512, c.seqused = 1, c.causal = 1, c.sabotage = 1;
   const int u5[2] = {500, 300};
@@ -180,7 +180,7 @@ static void call_cases(void) {
   reg("call", c, 0);
   c.softcap = 0, c.alibi = 0, c.nnew = 0, c.rotary = 0, c.num_splits = 1;
   reg("call", c, 0);
-  /* a wrong page under the call */
+  /* the last two pages swapped under the call */
   c = base(FA_DTYPE_BF16, 128);
   c.api = KV_CALL, c.nq = 8, c.nnew = 8, c.cap = 512, c.page = 64, c.rotary = 128, c.causal = 1;
   c.sabotage = 1;

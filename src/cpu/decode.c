@@ -249,8 +249,8 @@ static void dec_rows_block(const cpu_ctx *c, const dec_plan *p, const dec_bufs *
   cpu_kv_cursor cu = cpu_kv_at(c, sq, 0, c0);
   for (int64_t j0 = 0;;) {
     const int64_t n = cpu_min(cu.left, nc - j0);
-    c->kn->dots_rows(p->rall, n, c->Dp, b->Q, c->Dp, cu.k, cu.ks, pb->k.stride_head * es,
-                     pb->group, pb->dtype, b->S + j0 * p->rall8, p->rall8, c->scale);
+    c->kn->dots_rows(p->rall, n, c->Dp, b->Q, c->Dp, cu.k, cu.ks, pb->k.stride_head * es, pb->group,
+                     pb->dtype, b->S + j0 * p->rall8, p->rall8, c->scale);
     if ((j0 += n) >= nc) break;
     cpu_kv_step(&cu, n);
   }

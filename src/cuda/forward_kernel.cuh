@@ -852,11 +852,16 @@ fa_status flash_fwd_launch(const FwdArgs &a, cudaStream_t stream) {
                    (a.block_table && !ext ? 3 : 0);
   constexpr int MT = C::MT, NW = C::NW, BC = C::BC;
   constexpr bool QR = C::QREG;
+  /* paged kernels at the library's tile shapes only (the block-size
+   * experiment's other shapes would spill some) */
+  constexpr bool PG = std::is_same<C, FwdTraits<D>>::value;
+  if (!PG && kind >= 3)
+    return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: paged caches at the library's tile shapes only");
   auto kernel = kind == 2   ? flash_fwd_kernel<T, D, MT, NW, XBC, QR, true, true>
                 : kind == 1 ? flash_fwd_kernel<T, D, MT, NW, BC, QR, true, false>
                 : kind == 0 ? flash_fwd_kernel<T, D, MT, NW, BC, QR, false, false>
-                : kind == 4 ? flash_fwd_kernel<T, D, MT, NW, BC, QR, true, false, true>
-                            : flash_fwd_kernel<T, D, MT, NW, BC, QR, false, false, true>;
+                : kind == 4 ? flash_fwd_kernel<T, D, MT, NW, BC, QR, true, false, PG>
+                            : flash_fwd_kernel<T, D, MT, NW, BC, QR, false, false, PG>;
   static bool attr_done[5] = {false, false, false, false, false};
   fa_status st = smem_limit_once(kernel, smem, attr_done[kind]);
   if (st != FA_OK) return st;

@@ -20,6 +20,7 @@ kvcfg kvcfg_default(void) {
   c.nq = 1;
   c.cap = 64;
   c.wl = c.wr = -1;
+  c.dev = &kv_host;
   return c;
 }
 
@@ -672,6 +673,39 @@ void kv_check(const kvcfg *cfg, const kvdev *dev) {
 out:
   free(oo), free(on), free(oi), free(lo), free(ln), free(li);
   prob_free(&p);
+}
+
+/* ---- registration ---------------------------------------------------------------- */
+
+static void kv_case_fn(const void *arg) {
+  const kvcfg *c = (const kvcfg *)arg;
+  kv_check(c, c->dev);
+}
+
+/* A deliberately broken table (the last two pages swapped) must be caught. */
+static void kv_sabotage_fn(const void *arg) {
+  const kvcfg *c = (const kvcfg *)arg;
+  const int before = tr_failures(), was = tr_silent(1);
+  kv_check(c, c->dev);
+  const int caught = tr_failures() > before;
+  tr_silent(was);
+  tr_reset_failures(before);
+  if (!caught) tr_fail("a page table with two pages swapped was not caught");
+}
+
+void kv_register(const char *group, kvcfg c, int slow) {
+  char name[320];
+  kvcfg_name(&c, group, name, sizeof name);
+  c.seed = tu_hash_str(name);
+  tr_add(name, c.sabotage ? kv_sabotage_fn : kv_case_fn, &c, sizeof c, slow);
+}
+
+void kv_seqs(kvcfg *c, int n, const int *lq, const int *used) {
+  c->B = n;
+  for (int s = 0; s < n; s++) {
+    if (lq) c->lq[s] = lq[s];
+    c->used[s] = used[s];
+  }
 }
 
 /* ---- the host device ----------------------------------------------------------------- */

@@ -55,10 +55,12 @@ typedef struct kvcfg {
   int ws;       /* pass a caller workspace of the queried size */
   int sabotage; /* meta: the library gets a table with sequence 0's last two pages swapped */
   uint64_t seed;
+  const struct kvdev *dev; /* where kv_register's case runs the call under test */
 } kvcfg;
 
 /* Device memory for the run under test. */
-typedef struct kvdev {
+typedef struct kvdev kvdev;
+struct kvdev {
   fa_device device;
   void *stream;
   void *(*alloc)(size_t bytes);
@@ -68,7 +70,7 @@ typedef struct kvdev {
   void (*sync)(void *stream);
   double floor_f16, floor_bf16, floor_f32; /* err(O) floors */
   double lse_floor;                        /* |lse - ref| / max(1, |ref|) floor */
-} kvdev;
+};
 
 /* The host "device" of the CPU backend. */
 extern const kvdev kv_host;
@@ -77,5 +79,11 @@ kvcfg kvcfg_default(void);
 void kvcfg_name(const kvcfg *c, const char *group, char *buf, size_t n);
 /* Runs one configuration on dev, recording failures with tr_fail. */
 void kv_check(const kvcfg *c, const kvdev *dev);
+/* Registers the case (seeded from its name) on c.dev; with c.sabotage, a
+ * meta case that passes when kv_check catches the broken table. */
+void kv_register(const char *group, kvcfg c, int slow);
+/* The batch: n sequences, query rows lq[s] (varlen; NULL: keep) and keys
+ * (or cache lengths) used[s]. */
+void kv_seqs(kvcfg *c, int n, const int *lq, const int *used);
 
 #endif

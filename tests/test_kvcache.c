@@ -7,34 +7,6 @@
 
 #include "kvtest.h"
 
-static void kv_case_fn(const void *arg) { kv_check((const kvcfg *)arg, &kv_host); }
-
-/* A deliberately broken table (the last two pages swapped) must be caught. */
-static void kv_sabotage_fn(const void *arg) {
-  const kvcfg c = *(const kvcfg *)arg;
-  const int before = tr_failures(), was = tr_silent(1);
-  kv_check(&c, &kv_host);
-  const int caught = tr_failures() > before;
-  tr_silent(was);
-  tr_reset_failures(before);
-  if (!caught) tr_fail("a page table with two pages swapped was not caught");
-}
-
-static void reg(const char *group, kvcfg c, int slow) {
-  char name[320];
-  kvcfg_name(&c, group, name, sizeof name);
-  c.seed = tu_hash_str(name);
-  tr_add(name, c.sabotage ? kv_sabotage_fn : kv_case_fn, &c, sizeof c, slow);
-}
-
-static void seqs(kvcfg *c, int n, const int *lq, const int *used) {
-  c->B = n;
-  for (int s = 0; s < n; s++) {
-    if (lq) c->lq[s] = lq[s];
-    c->used[s] = used[s];
-  }
-}
-
 /* fa_forward over a paged cache: decode (the CPU's split decode path, its
  * key-row and head-by-head variants), prefill (tile path, packed K/V), every
  * algorithm, page sizes from 1 to 256, masks, varlen. */
@@ -47,27 +19,27 @@ static void paged_cases(void) {
     c.dt = dts[t], c.hq = 8, c.hk = 2, c.d = 64, c.nq = 1, c.page = 16, c.cap = 320;
     c.seqused = 1, c.share = 1;
     const int u1[4] = {300, 1, 0, 177};
-    seqs(&c, 4, NULL, u1);
-    reg("paged", c, 0);
+    kv_seqs(&c, 4, NULL, u1);
+    kv_register("paged", c, 0);
     c.page = 256, c.cap = 512;
     const int u2[3] = {511, 256, 257};
-    seqs(&c, 3, NULL, u2);
-    reg("paged", c, 0);
+    kv_seqs(&c, 3, NULL, u2);
+    kv_register("paged", c, 0);
     /* decode, GQA 8:1, several rows, causal: head by head */
     c = kvcfg_default();
     c.dt = dts[t], c.hq = 8, c.hk = 1, c.d = 32, c.nq = 3, c.page = 7, c.cap = 70, c.seqused = 1;
     c.causal = 1, c.share = 1;
     const int u3[3] = {69, 2, 40};
-    seqs(&c, 3, NULL, u3);
-    reg("paged", c, 0);
+    kv_seqs(&c, 3, NULL, u3);
+    kv_register("paged", c, 0);
     /* prefill: every algorithm */
     for (int a = 0; a < 3; a++) {
       c = kvcfg_default();
       c.dt = dts[t], c.algo = algos[a], c.hq = 4, c.hk = 2, c.d = 48, c.nq = 70, c.page = 32;
       c.cap = 256, c.seqused = 1, c.causal = 1, c.alibi = 2, c.share = 1;
       const int u4[3] = {256, 130, 77};
-      seqs(&c, 3, NULL, u4);
-      reg("paged", c, t != 0);
+      kv_seqs(&c, 3, NULL, u4);
+      kv_register("paged", c, t != 0);
     }
   }
   /* odd page sizes, windows, softcap, head dims that are not whole vectors */
@@ -78,10 +50,10 @@ static void paged_cases(void) {
     c.page = pages[i], c.cap = 240, c.seqused = 1, c.window = 1, c.wl = 30, c.wr = 2;
     c.softcap = 4;
     const int u[2] = {100, 239};
-    seqs(&c, 2, NULL, u);
-    reg("paged", c, 0);
+    kv_seqs(&c, 2, NULL, u);
+    kv_register("paged", c, 0);
     c.nq = 1, c.window = 0, c.softcap = 0, c.d = 24;
-    reg("paged", c, 0);
+    kv_register("paged", c, 0);
   }
   /* varlen: query rows packed, keys through the table; empty sequences */
   for (int a = 0; a < 3; a++) {
@@ -89,41 +61,41 @@ static void paged_cases(void) {
     c.algo = algos[a], c.dt = a == 1 ? FA_DTYPE_BF16 : FA_DTYPE_F32, c.varlen = 1, c.hq = 4;
     c.hk = 2, c.d = 32, c.page = 8, c.cap = 160, c.causal = 1;
     const int lq[4] = {3, 0, 17, 1}, lk[4] = {50, 9, 0, 130};
-    seqs(&c, 4, lq, lk);
-    reg("paged", c, 0);
+    kv_seqs(&c, 4, lq, lk);
+    kv_register("paged", c, 0);
     const int lq2[2] = {1, 1}, lk2[2] = {160, 33};
-    seqs(&c, 2, lq2, lk2);
+    kv_seqs(&c, 2, lq2, lk2);
     c.causal = 0, c.alibi = 1;
-    reg("paged", c, 0);
+    kv_register("paged", c, 0);
   }
   /* every key of every page (no seqused_k); layouts; threads; a caller workspace */
   kvcfg c = kvcfg_default();
   c.page = 32, c.cap = 128, c.nq = 9, c.d = 16;
-  reg("paged", c, 0);
+  kv_register("paged", c, 0);
   c.bhnd = 1, c.pad = 3, c.seqused = 1;
   const int u[2] = {127, 65};
-  seqs(&c, 2, NULL, u);
-  reg("paged", c, 0);
+  kv_seqs(&c, 2, NULL, u);
+  kv_register("paged", c, 0);
   c.bhnd = 0, c.threads = 1, c.ws = 1, c.dt = FA_DTYPE_F16;
-  reg("paged", c, 0);
+  kv_register("paged", c, 0);
   c.nq = 1, c.hq = 4, c.hk = 1;
-  reg("paged", c, 0);
+  kv_register("paged", c, 0);
   /* the suite catches the last two pages swapped (their rows past the keys hold NaN) */
   c = kvcfg_default();
   c.page = 16, c.cap = 64, c.nq = 4, c.seqused = 1, c.alibi = 1;
   const int us[2] = {60, 40};
-  seqs(&c, 2, NULL, us);
+  kv_seqs(&c, 2, NULL, us);
   c.sabotage = 1;
-  reg("meta", c, 0);
+  kv_register("meta", c, 0);
   c.nq = 1;
-  reg("meta", c, 0);
+  kv_register("meta", c, 0);
   /* the GPU suite's: no ALiBi, a partly filled last page */
   c = kvcfg_default();
   c.dt = FA_DTYPE_F16, c.d = 128, c.nq = 16, c.page = 64, c.cap = 512, c.seqused = 1, c.causal = 1;
   c.sabotage = 1;
   const int u6[2] = {500, 300};
-  seqs(&c, 2, NULL, u6);
-  reg("meta", c, 0);
+  kv_seqs(&c, 2, NULL, u6);
+  kv_register("meta", c, 0);
 }
 
 /* fa_forward_kvcache: append, rotary (both pairings; causal, local and
@@ -136,56 +108,56 @@ static void call_cases(void) {
     c.api = KV_CALL, c.dt = dts[t], c.hq = 8, c.hk = 2, c.d = 64, c.nq = 1, c.nnew = 1;
     c.cap = 200, c.rotary = 64, c.causal = 1;
     const int sl[3] = {150, 0, 199};
-    seqs(&c, 3, NULL, sl);
-    reg("call", c, 0);
+    kv_seqs(&c, 3, NULL, sl);
+    kv_register("call", c, 0);
     c.page = 16, c.share = 1, c.interleaved = 1, c.cap = 208;
-    reg("call", c, 0);
+    kv_register("call", c, 0);
     /* a prefill chunk against the cache: causal, rotary on part of the head */
     c = kvcfg_default();
     c.api = KV_CALL, c.dt = dts[t], c.hq = 4, c.hk = 2, c.d = 32, c.nq = 40, c.nnew = 40;
     c.cap = 192, c.rotary = 16, c.causal = 1, c.page = 32;
     const int sl2[2] = {100, 37};
-    seqs(&c, 2, NULL, sl2);
-    reg("call", c, 0);
+    kv_seqs(&c, 2, NULL, sl2);
+    kv_register("call", c, 0);
     c.algo = FA_ALGO_STANDARD;
-    reg("call", c, t != 0);
+    kv_register("call", c, t != 0);
     c.algo = FA_ALGO_FLASH1, c.page = 0, c.interleaved = 1;
-    reg("call", c, t != 0);
+    kv_register("call", c, t != 0);
   }
   /* no new rows: plain attention over each cache's first cache_seqlens rows */
   kvcfg c = kvcfg_default();
   c.api = KV_CALL, c.nq = 2, c.cap = 60;
   const int sl[3] = {5, 0, 60};
-  seqs(&c, 3, NULL, sl);
-  reg("call", c, 0);
+  kv_seqs(&c, 3, NULL, sl);
+  kv_register("call", c, 0);
   /* rotary without a mask: every query row at position cache_seqlens */
   c = kvcfg_default();
   c.api = KV_CALL, c.nq = 3, c.nnew = 3, c.cap = 50, c.rotary = 32, c.d = 32, c.dt = FA_DTYPE_F16;
   const int sl3[2] = {20, 1};
-  seqs(&c, 2, NULL, sl3);
-  reg("call", c, 0);
+  kv_seqs(&c, 2, NULL, sl3);
+  kv_register("call", c, 0);
   c.window = 1, c.wl = 10, c.wr = 0; /* local: per row */
-  reg("call", c, 0);
+  kv_register("call", c, 0);
   c.window = 1, c.wl = -1, c.wr = -1; /* a window without bounds is no window */
-  reg("call", c, 0);
+  kv_register("call", c, 0);
   /* left padding */
   c = kvcfg_default();
   c.api = KV_CALL, c.nq = 2, c.nnew = 2, c.cap = 40, c.rotary = 8, c.d = 16, c.causal = 1;
   c.leftpad = 1, c.lp[0] = 2, c.lp[1] = 0, c.lp[2] = 5;
   const int sl4[3] = {10, 3, 5};
-  seqs(&c, 3, NULL, sl4);
-  reg("call", c, 0);
+  kv_seqs(&c, 3, NULL, sl4);
+  kv_register("call", c, 0);
   c.dt = FA_DTYPE_BF16, c.nnew = 0, c.rotary = 0;
-  reg("call", c, 0);
+  kv_register("call", c, 0);
   /* batch indices into a larger cache; shared rows read without appending */
   c = kvcfg_default();
   c.api = KV_CALL, c.nq = 3, c.nnew = 3, c.cap = 30, c.causal = 1, c.hq = 4, c.hk = 2;
   c.bidx = 1, c.cache_batch = 4, c.bi[0] = 2, c.bi[1] = 0, c.rotary = 32, c.interleaved = 1;
   const int sl5[2] = {7, 27};
-  seqs(&c, 2, NULL, sl5);
-  reg("call", c, 0);
+  kv_seqs(&c, 2, NULL, sl5);
+  kv_register("call", c, 0);
   c.nnew = 0, c.rotary = 0, c.bi[0] = 1, c.bi[1] = 1, c.cache_batch = 2;
-  reg("call", c, 0);
+  kv_register("call", c, 0);
   /* paged: appends that cross a page, pages of 1 and 3 rows, no append */
   static const int pg[3] = {16, 1, 3};
   for (int i = 0; i < 3; i++) {
@@ -193,36 +165,36 @@ static void call_cases(void) {
     c.api = KV_CALL, c.nq = 2, c.nnew = 2, c.page = pg[i], c.cap = 48, c.d = 32, c.rotary = 32;
     c.causal = 1;
     const int sl6[3] = {15, 16, 0};
-    seqs(&c, 3, NULL, sl6);
-    reg("call", c, 0);
+    kv_seqs(&c, 3, NULL, sl6);
+    kv_register("call", c, 0);
   }
   c.nnew = 0, c.rotary = 0;
-  reg("call", c, 0);
+  kv_register("call", c, 0);
   /* softcap, ALiBi, num_splits (the CPU ignores it), a caller workspace */
   c = kvcfg_default();
   c.api = KV_CALL, c.nq = 1, c.nnew = 1, c.cap = 100, c.softcap = 3, c.alibi = 2;
   c.num_splits = 4, c.ws = 1, c.rotary = 32;
   const int sl7[2] = {99, 40};
-  seqs(&c, 2, NULL, sl7);
-  reg("call", c, 0);
+  kv_seqs(&c, 2, NULL, sl7);
+  kv_register("call", c, 0);
   c.page = 20;
-  reg("call", c, 0);
+  kv_register("call", c, 0);
   /* the float64 oracle's own path */
   c.dt = FA_DTYPE_F64, c.algo = FA_ALGO_STANDARD;
-  reg("call", c, 0);
+  kv_register("call", c, 0);
   /* the last two pages swapped under the call */
   c = kvcfg_default();
   c.api = KV_CALL, c.nq = 1, c.nnew = 1, c.cap = 64, c.page = 16, c.rotary = 32, c.alibi = 1;
   const int sl8[2] = {40, 63};
-  seqs(&c, 2, NULL, sl8);
+  kv_seqs(&c, 2, NULL, sl8);
   c.sabotage = 1;
-  reg("meta", c, 0);
+  kv_register("meta", c, 0);
   c = kvcfg_default(); /* the GPU suite's */
   c.api = KV_CALL, c.dt = FA_DTYPE_BF16, c.d = 128, c.nq = 8, c.nnew = 8, c.cap = 512, c.page = 64;
   c.rotary = 128, c.causal = 1, c.sabotage = 1;
   const int sl9[2] = {300, 200};
-  seqs(&c, 2, NULL, sl9);
-  reg("meta", c, 0);
+  kv_seqs(&c, 2, NULL, sl9);
+  kv_register("meta", c, 0);
 }
 
 /* ---- validation ---------------------------------------------------------------- */

@@ -13,63 +13,52 @@
 #include "common/convert.h"
 #include "common/rotary.h"
 
-static double kv_load(const void *base, fa_dtype dt, int64_t i) {
-  switch (dt) {
-    case FA_DTYPE_F32:
-      return ((const float *)base)[i];
-    case FA_DTYPE_F16:
-      return fa_f16_to_f32(((const uint16_t *)base)[i]);
-    case FA_DTYPE_BF16:
-      return fa_bf16_to_f32(((const uint16_t *)base)[i]);
-    case FA_DTYPE_F64:
-      return ((const double *)base)[i];
-  }
-  return 0;
-}
-
-static void kv_store(void *base, fa_dtype dt, int64_t i, double x) {
-  switch (dt) {
-    case FA_DTYPE_F32:
-      ((float *)base)[i] = (float)x;
-      break;
-    case FA_DTYPE_F16:
-      ((uint16_t *)base)[i] = fa_f32_to_f16((float)x);
-      break;
-    case FA_DTYPE_BF16:
-      ((uint16_t *)base)[i] = fa_f32_to_bf16((float)x);
-      break;
-    case FA_DTYPE_F64:
-      ((double *)base)[i] = x;
-      break;
-  }
-}
-
 static char *kv_row(const fa_tensor *t, int64_t b, int64_t n, int64_t h) {
   return (char *)t->data + fa_tensor_offset(t, b, n, h) * (int64_t)fa_dtype_size(t->dtype);
 }
 
-/* dst = src (D elements) with its first rotary_dim columns rotated to
- * position pos (pos < 0: copied as is). dst and src may be the same row. */
+/* dst = src (D elements of dt) with its first rotary_dim columns rotated to
+ * position pos (pos < 0: copied as is), through rows of REAL: float (the
+ * 16- and 32-bit types) or double (f64). */
+#define KV_ROTATE(NAME, REAL, LOAD, STORE)                                                     \
+  static void NAME(const fa_kvcache *kv, fa_dtype dt, int64_t D, void *dst, const void *src,   \
+                   int64_t pos) {                                                              \
+    REAL x[FA_MAX_HEADDIM], y[FA_MAX_HEADDIM], cs[FA_MAX_HEADDIM / 2], sn[FA_MAX_HEADDIM / 2]; \
+    const int64_t rd = pos >= 0 ? kv->rotary_dim : 0, half = rd / 2;                           \
+    const int64_t st = kv->rotary_stride ? kv->rotary_stride : half;                           \
+    const size_t es = fa_dtype_size(dt);                                                       \
+    LOAD(x, src, dt, D);                                                                       \
+    memcpy(y, x, sizeof(REAL) * (size_t)D);                                                    \
+    if (half) {                                                                                \
+      LOAD(cs, (const char *)kv->rotary_cos + pos * st * (int64_t)es, dt, half);               \
+      LOAD(sn, (const char *)kv->rotary_sin + pos * st * (int64_t)es, dt, half);               \
+    }                                                                                          \
+    for (int64_t c = 0; c < half; c++) {                                                       \
+      int64_t c1, c2;                                                                          \
+      fa_rotary_cols(c, rd, kv->rotary_interleaved, &c1, &c2);                                 \
+      y[c1] = x[c1] * cs[c] - x[c2] * sn[c];                                                   \
+      y[c2] = x[c1] * sn[c] + x[c2] * cs[c];                                                   \
+    }                                                                                          \
+    STORE(dst, y, dt, D);                                                                      \
+  }
+
+static void kv_load_f64(double *dst, const void *src, fa_dtype dt, int64_t n) {
+  (void)dt;
+  memcpy(dst, src, sizeof(double) * (size_t)n);
+}
+static void kv_store_f64(void *dst, const double *src, fa_dtype dt, int64_t n) {
+  (void)dt;
+  memcpy(dst, src, sizeof(double) * (size_t)n);
+}
+KV_ROTATE(kv_rotate_f32, float, fa_load_row_f32, fa_store_row_f32)
+KV_ROTATE(kv_rotate_f64, double, kv_load_f64, kv_store_f64)
+
 static void kv_rotate_row(const fa_kvcache *kv, fa_dtype dt, int64_t D, void *dst, const void *src,
                           int64_t pos) {
-  const int64_t rd = pos >= 0 ? kv->rotary_dim : 0, half = rd / 2;
-  const int64_t st = kv->rotary_stride ? kv->rotary_stride : half;
-  for (int64_t d = rd; d < D; d++) kv_store(dst, dt, d, kv_load(src, dt, d));
-  for (int64_t c = 0; c < half; c++) {
-    int64_t c1, c2;
-    fa_rotary_cols(c, rd, kv->rotary_interleaved, &c1, &c2);
-    const double x1 = kv_load(src, dt, c1), x2 = kv_load(src, dt, c2);
-    const double cs = kv_load(kv->rotary_cos, dt, pos * st + c);
-    const double sn = kv_load(kv->rotary_sin, dt, pos * st + c);
-    if (dt == FA_DTYPE_F64) {
-      kv_store(dst, dt, c1, x1 * cs - x2 * sn);
-      kv_store(dst, dt, c2, x1 * sn + x2 * cs);
-    } else {
-      const float a = (float)x1, b = (float)x2, fc = (float)cs, fs = (float)sn;
-      kv_store(dst, dt, c1, (double)(a * fc - b * fs));
-      kv_store(dst, dt, c2, (double)(a * fs + b * fc));
-    }
-  }
+  if (dt == FA_DTYPE_F64)
+    kv_rotate_f64(kv, dt, D, dst, src, pos);
+  else
+    kv_rotate_f32(kv, dt, D, dst, src, pos);
 }
 
 fa_status fa_host_kvcache_prepare(const fa_problem *pb) {
@@ -88,17 +77,21 @@ fa_status fa_host_kvcache_prepare(const fa_problem *pb) {
     }
   }
   if (!pb->k_new.data) return FA_OK;
+  /* entry after entry (those sharing a cache row write in order), its new
+   * rows and heads in parallel */
+  const int64_t rows = pb->k_new.seqlen * pb->heads_k;
+  const int nt = (int)(rows < pb->num_threads ? rows : pb->num_threads);
   for (int64_t b = 0; b < B; b++) {
     const fa_seq sq = fa_problem_seq(pb, b);
     const int64_t sl = kv->cache_seqlens[b];
-    for (int64_t i = 0; i < pb->k_new.seqlen; i++) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+      const int64_t i = r / pb->heads_k, h = r % pb->heads_k;
       int64_t kb, kn;
       fa_problem_krow(pb, &sq, sl + i - sq.k0, &kb, &kn);
-      for (int64_t h = 0; h < pb->heads_k; h++) {
-        kv_rotate_row(kv, dt, D, kv_row(&pb->k, kb, kn, h), kv_row(&pb->k_new, b, i, h),
-                      rot ? sl + i : -1);
-        kv_rotate_row(kv, dt, D, kv_row(&pb->v, kb, kn, h), kv_row(&pb->v_new, b, i, h), -1);
-      }
+      kv_rotate_row(kv, dt, D, kv_row(&pb->k, kb, kn, h), kv_row(&pb->k_new, b, i, h),
+                    rot ? sl + i : -1);
+      kv_rotate_row(kv, dt, D, kv_row(&pb->v, kb, kn, h), kv_row(&pb->v_new, b, i, h), -1);
     }
   }
   return FA_OK;

@@ -39,36 +39,9 @@ static void d_sync(void *stream) {
 static kvdev g_dev = {FA_DEVICE_CUDA, NULL, d_alloc, d_up, d_down, d_free,
                       d_sync,         1e-3, 8e-3,    1e-6, 1e-3};
 
-static void case_fn(const void *arg) { kv_check((const kvcfg *)arg, &g_dev); }
-
-/* A deliberately wrong table (the last two pages swapped) must be caught. */
-static void sabotage_fn(const void *arg) {
-  const int before = tr_failures(), was = tr_silent(1);
-  kv_check((const kvcfg *)arg, &g_dev);
-  const int caught = tr_failures() > before;
-  tr_silent(was);
-  tr_reset_failures(before);
-  if (!caught) tr_fail("a page table with two pages swapped was not caught");
-}
-
-static void reg(const char *group, kvcfg c, int slow) {
-  char name[320];
-  kvcfg_name(&c, group, name, sizeof name);
-  c.seed = tu_hash_str(name);
-  tr_add(name, c.sabotage ? sabotage_fn : case_fn, &c, sizeof c, slow);
-}
-
-static void seqs(kvcfg *c, int n, const int *lq, const int *used) {
-  c->B = n;
-  for (int s = 0; s < n; s++) {
-    if (lq) c->lq[s] = lq[s];
-    c->used[s] = used[s];
-  }
-}
-
 static kvcfg base(fa_dtype dt, int d) {
   kvcfg c = kvcfg_default();
-  c.dt = dt, c.d = d;
+  c.dt = dt, c.d = d, c.dev = &g_dev;
   return c;
 }
 
@@ -82,10 +55,10 @@ static void paged_cases(void) {
       kvcfg c = base(dts[t], D);
       c.hq = 32, c.hk = 8, c.nq = 1, c.page = 16, c.cap = 3072, c.seqused = 1, c.share = 1;
       const int u[4] = {3000, 1, 0, 2049};
-      seqs(&c, 4, NULL, u);
-      reg("paged", c, di > 1);
+      kv_seqs(&c, 4, NULL, u);
+      kv_register("paged", c, di > 1);
       c.page = 256;
-      reg("paged", c, 1);
+      kv_register("paged", c, 1);
       /* prefill rows against the cache, causal: pages of 64, 48 (boxes of
        * 16), 24 (boxes of 8) and 20 (the sm_80 kernels) */
       static const int pg[4] = {64, 48, 24, 20};
@@ -93,8 +66,8 @@ static void paged_cases(void) {
         c = base(dts[t], D);
         c.hq = 4, c.hk = 2, c.nq = 300, c.page = pg[i], c.cap = 960, c.seqused = 1, c.causal = 1;
         const int u2[2] = {960, 517};
-        seqs(&c, 2, NULL, u2);
-        reg("paged", c, i > 0 && di != 1);
+        kv_seqs(&c, 2, NULL, u2);
+        kv_register("paged", c, i > 0 && di != 1);
       }
     }
   /* varlen, sm_80 and Hopper head dims; every key of the pages */
@@ -103,34 +76,34 @@ static void paged_cases(void) {
     kvcfg c = base(FA_DTYPE_BF16, vd[i]);
     c.varlen = 1, c.hq = 4, c.hk = 2, c.page = 32, c.cap = 1536, c.causal = 1;
     const int lq[4] = {1, 200, 0, 37}, lk[4] = {1500, 300, 9, 0};
-    seqs(&c, 4, lq, lk);
-    reg("paged", c, 0);
+    kv_seqs(&c, 4, lq, lk);
+    kv_register("paged", c, 0);
   }
   kvcfg c = base(FA_DTYPE_F16, 128);
   c.page = 128, c.cap = 512, c.nq = 130;
-  reg("paged", c, 0);
+  kv_register("paged", c, 0);
   /* the transforming sm_80 kernel: softcap, ALiBi, windows */
   c = base(FA_DTYPE_F16, 64);
   c.hq = 8, c.hk = 2, c.nq = 5, c.page = 16, c.cap = 2048, c.seqused = 1, c.softcap = 20;
   c.alibi = 2, c.causal = 1;
   const int u3[3] = {2040, 33, 1000};
-  seqs(&c, 3, NULL, u3);
-  reg("paged", c, 0);
+  kv_seqs(&c, 3, NULL, u3);
+  kv_register("paged", c, 0);
   c.softcap = 0, c.alibi = 0, c.window = 1, c.wl = 300, c.wr = 0, c.nq = 64, c.d = 128;
-  reg("paged", c, 0);
+  kv_register("paged", c, 0);
   /* pools in (pages, heads, rows, D) with padded rows; forced splits */
   c = base(FA_DTYPE_BF16, 128);
   c.hq = 8, c.hk = 8, c.nq = 1, c.page = 64, c.cap = 1024, c.seqused = 1, c.bhnd = 1, c.pad = 8;
   c.num_splits = 7;
   const int u4[2] = {1000, 64};
-  seqs(&c, 2, NULL, u4);
-  reg("paged", c, 0);
+  kv_seqs(&c, 2, NULL, u4);
+  kv_register("paged", c, 0);
   /* the suite catches the last two pages swapped */
   c = base(FA_DTYPE_F16, 128);
   c.nq = 16, c.page = 64, c.cap = 512, c.seqused = 1, c.causal = 1, c.sabotage = 1;
   const int u5[2] = {500, 300};
-  seqs(&c, 2, NULL, u5);
-  reg("meta", c, 0);
+  kv_seqs(&c, 2, NULL, u5);
+  kv_register("meta", c, 0);
 }
 
 static void call_cases(void) {
@@ -143,50 +116,50 @@ static void call_cases(void) {
         c.api = KV_CALL, c.hq = 32, c.hk = 8, c.nq = 1, c.nnew = 1, c.cap = 2048;
         c.rotary = 128, c.interleaved = inter, c.causal = 1, c.page = paged ? 16 : 0;
         const int sl[4] = {2000, 0, 15, 1024};
-        seqs(&c, 4, NULL, sl);
-        reg("call", c, t == 1 && inter);
+        kv_seqs(&c, 4, NULL, sl);
+        kv_register("call", c, t == 1 && inter);
       }
     /* a prefill chunk: 128 new rows, causal, rotary on half the head */
     kvcfg c = base(dts[t], 128);
     c.api = KV_CALL, c.hq = 8, c.hk = 2, c.nq = 128, c.nnew = 128, c.cap = 1024, c.rotary = 64;
     c.causal = 1, c.page = 64;
     const int sl[2] = {700, 5};
-    seqs(&c, 2, NULL, sl);
-    reg("call", c, t == 1);
+    kv_seqs(&c, 2, NULL, sl);
+    kv_register("call", c, t == 1);
   }
   /* head dims 64 and 256; no mask (q rows at one position); local */
   kvcfg c = base(FA_DTYPE_F16, 64);
   c.api = KV_CALL, c.hq = 4, c.hk = 4, c.nq = 4, c.nnew = 4, c.cap = 512, c.rotary = 64;
   const int sl2[3] = {300, 508, 0};
-  seqs(&c, 3, NULL, sl2);
-  reg("call", c, 0);
+  kv_seqs(&c, 3, NULL, sl2);
+  kv_register("call", c, 0);
   c.d = 256, c.rotary = 32, c.window = 1, c.wl = 50, c.wr = 0, c.page = 32;
-  reg("call", c, 0);
+  kv_register("call", c, 0);
   /* left padding and batch indices (the sm_80 kernels) */
   c = base(FA_DTYPE_BF16, 128);
   c.api = KV_CALL, c.nq = 2, c.nnew = 2, c.cap = 600, c.rotary = 128, c.causal = 1, c.hq = 8;
   c.hk = 2, c.leftpad = 1, c.lp[0] = 100, c.lp[1] = 0, c.lp[2] = 7;
   const int sl3[3] = {500, 3, 7};
-  seqs(&c, 3, NULL, sl3);
-  reg("call", c, 0);
+  kv_seqs(&c, 3, NULL, sl3);
+  kv_register("call", c, 0);
   c.leftpad = 0, c.bidx = 1, c.cache_batch = 5, c.bi[0] = 4, c.bi[1] = 0, c.bi[2] = 2;
-  reg("call", c, 0);
+  kv_register("call", c, 0);
   /* softcap and ALiBi (the sm_80 kernels), splits forced; nothing appended */
   c = base(FA_DTYPE_F16, 128);
   c.api = KV_CALL, c.nq = 1, c.nnew = 1, c.cap = 4096, c.rotary = 64, c.softcap = 30;
   c.alibi = 1, c.num_splits = 16, c.page = 256;
   const int sl4[2] = {4095, 2000};
-  seqs(&c, 2, NULL, sl4);
-  reg("call", c, 0);
+  kv_seqs(&c, 2, NULL, sl4);
+  kv_register("call", c, 0);
   c.softcap = 0, c.alibi = 0, c.nnew = 0, c.rotary = 0, c.num_splits = 1;
-  reg("call", c, 0);
+  kv_register("call", c, 0);
   /* the last two pages swapped under the call */
   c = base(FA_DTYPE_BF16, 128);
   c.api = KV_CALL, c.nq = 8, c.nnew = 8, c.cap = 512, c.page = 64, c.rotary = 128, c.causal = 1;
   c.sabotage = 1;
   const int sl5[2] = {300, 200};
-  seqs(&c, 2, NULL, sl5);
-  reg("meta", c, 0);
+  kv_seqs(&c, 2, NULL, sl5);
+  kv_register("meta", c, 0);
 }
 
 int main(int argc, char **argv) {

@@ -35,6 +35,9 @@ typedef struct bench_opts {
   double block_density; /* block-sparse: share of visible blocks (0: all hidden) */
   int64_t block_size;   /* block-sparse: rows and keys per block */
   int64_t kv_used;      /* --kv-used: keys each sequence uses of a seqlen_k KV cache (0: all) */
+  int64_t page_size;    /* --paged: K/V in pages of this many rows through a block table (0: off) */
+  int append;           /* --append: the KV-cache call, Nq new rows appended to each cache */
+  int rotary;           /* --rotary: and rotated (rotary_dim = D; implies append) */
   bench_layout layout;
   bench_standard standard;
   int repeat, warmup;

@@ -18,10 +18,15 @@ static const char *const TENSOR_NAMES[N_TENSORS] = {"q", "k", "v", "o", "dout", 
 
 typedef struct bench_env {
   const bench_opts *o;
-  uint8_t *block_mask; /* device memory, (B, H, query blocks, key blocks); NULL: dense */
-  int32_t *kv_used;    /* device memory, batch entries of --kv-used; NULL: no KV cache */
-  void *stream;        /* CUDA stream, NULL on the CPU */
-  size_t mem_limit;    /* bytes a case may allocate */
+  uint8_t *block_mask;  /* device memory, (B, H, query blocks, key blocks); NULL: dense */
+  int32_t *kv_used;     /* device memory, batch entries of --kv-used; NULL: no KV cache */
+  int32_t *block_table; /* --paged: device memory, (batch, pages_per_seq) */
+  int64_t pages_per_seq;
+  fa_kvcache kv;          /* --append: the KV-cache call's arguments */
+  fa_tensor k_new, v_new; /* --append: Nq new rows per sequence (device memory) */
+  void *rotary;           /* --rotary: cos then sin tables (device memory) */
+  void *stream;           /* CUDA stream, NULL on the CPU */
+  size_t mem_limit;       /* bytes a case may allocate */
 } bench_env;
 
 /* Device memory of one case, made fresh for it. */
@@ -35,15 +40,24 @@ typedef struct case_mem {
 
 static int tensors_needed(bench_pass pass) { return pass == BENCH_FWD ? T_O + 1 : N_TENSORS; }
 
+/* Pages of one sequence's K/V with --paged. */
+static int64_t pages_per_seq(const bench_opts *o) {
+  return (o->seqlen_k + o->page_size - 1) / o->page_size;
+}
+
+/* K/V with --paged: pools of batch x pages_per_seq pages of page_size rows. */
 static fa_tensor describe(const bench_opts *o, int kv, void *data) {
-  const int64_t n = kv ? o->seqlen_k : o->seqlen, h = kv ? o->kv_heads : o->heads;
-  return o->layout == BENCH_BHND ? fa_tensor_bhnd(data, o->dtype, o->batch, n, h, o->headdim)
-                                 : fa_tensor_bnhd(data, o->dtype, o->batch, n, h, o->headdim);
+  const int paged = kv && o->page_size;
+  const int64_t b = paged ? o->batch * pages_per_seq(o) : o->batch;
+  const int64_t n = paged ? o->page_size : kv ? o->seqlen_k : o->seqlen;
+  const int64_t h = kv ? o->kv_heads : o->heads;
+  return o->layout == BENCH_BHND ? fa_tensor_bhnd(data, o->dtype, b, n, h, o->headdim)
+                                 : fa_tensor_bnhd(data, o->dtype, b, n, h, o->headdim);
 }
 
 static size_t tensor_elems(const bench_opts *o, int kv) {
-  return (size_t)o->batch * (size_t)(kv ? o->seqlen_k : o->seqlen) *
-         (size_t)(kv ? o->kv_heads : o->heads) * (size_t)o->headdim;
+  const fa_tensor t = describe(o, kv, NULL);
+  return (size_t)t.batch * (size_t)t.seqlen * (size_t)t.heads * (size_t)t.headdim;
 }
 
 static size_t lse_elems(const bench_opts *o) {
@@ -95,6 +109,11 @@ static fa_params make_params(const bench_env *e, fa_algorithm impl) {
     p.block_mask_stride_batch = p.block_mask_stride_head * o->heads;
   }
   p.seqused_k = e->kv_used;
+  if (o->append) p.seqused_k = NULL; /* kv.cache_seqlens is its place */
+  if (e->block_table) {
+    p.block_table = e->block_table;
+    p.max_pages_per_seq = e->pages_per_seq;
+  }
   p.num_threads = o->device == FA_DEVICE_CPU ? o->threads : 0;
   p.stream = e->stream;
   return p;
@@ -109,9 +128,10 @@ static int alloc_tensors(const bench_env *e, bench_pass pass, uint64_t seed, cas
   const size_t es = fa_dtype_size(o->dtype);
   /* in double first: absurd shapes must not wrap around size_t */
   double total = (double)o->batch * (double)o->heads * (double)o->seqlen * sizeof(float);
-  for (int i = 0; i < n; i++)
-    total += (double)o->batch * (double)(KV_SHAPED[i] ? o->seqlen_k : o->seqlen) *
-             (double)(KV_SHAPED[i] ? o->kv_heads : o->heads) * (double)o->headdim * (double)es;
+  for (int i = 0; i < n; i++) {
+    const fa_tensor t = describe(o, KV_SHAPED[i], NULL);
+    total += (double)t.batch * (double)t.seqlen * (double)t.heads * (double)t.headdim * (double)es;
+  }
   if (total > (double)e->mem_limit)
     return fail(r, BENCH_OOM, "tensors need %.1f MiB, more than the %.1f MiB limit",
                 total / (1024.0 * 1024.0), mib(e->mem_limit));
@@ -183,7 +203,10 @@ static int alloc_workspace(const bench_env *e, bench_pass pass, fa_params *p, ca
   case_mem v = *m; /* --standard head: every call needs what the first one does */
   fa_params vp = *p;
   if (per_head(e, p)) head_case(e, m, p, 0, 0, &v, &vp);
-  fa_status st = fa_workspace_size(FA_PASS_FORWARD, &vp, &v.t[T_Q], &v.t[T_K], &v.t[T_V], &fwd);
+  fa_status st =
+      e->o->append
+          ? fa_kvcache_workspace_size(p, &e->kv, &m->t[T_Q], &m->t[T_K], &m->t[T_V], &fwd)
+          : fa_workspace_size(FA_PASS_FORWARD, &vp, &v.t[T_Q], &v.t[T_K], &v.t[T_V], &fwd);
   if (st != FA_OK) return fail_fa(r, "fa_workspace_size(forward)", st);
   if (pass != BENCH_FWD) {
     st = fa_workspace_size(FA_PASS_BACKWARD, &vp, &v.t[T_Q], &v.t[T_K], &v.t[T_V], &bwd);
@@ -216,11 +239,16 @@ static void free_case(const bench_env *e, case_mem *m) {
   bench_free(e->o->device, m->workspace);
 }
 
-/* One call of the pass: the forward, the backward, or both. */
-static fa_status run_call(const fa_params *p, case_mem *m, bench_pass pass, const char **call) {
+/* One call of the pass: the forward (--append: the KV-cache call), the
+ * backward, or both. */
+static fa_status run_call(const bench_env *e, const fa_params *p, case_mem *m, bench_pass pass,
+                          const char **call) {
   fa_tensor *t = m->t;
   fa_status st = FA_OK;
-  if (pass != BENCH_BWD) {
+  if (pass != BENCH_BWD && e->o->append) {
+    *call = "fa_forward_kvcache";
+    st = fa_forward_kvcache(p, &e->kv, &t[T_Q], &t[T_K], &t[T_V], &t[T_O], m->lse);
+  } else if (pass != BENCH_BWD) {
     *call = "fa_forward";
     st = fa_forward(p, &t[T_Q], &t[T_K], &t[T_V], &t[T_O], m->lse);
   }
@@ -235,7 +263,7 @@ static fa_status run_call(const fa_params *p, case_mem *m, bench_pass pass, cons
 /* One run of the pass: one call, or with --standard head one per (sequence, K/V head). */
 static fa_status run_pass(const bench_env *e, const fa_params *p, case_mem *m, bench_pass pass,
                           const char **call) {
-  if (!per_head(e, p)) return run_call(p, m, pass, call);
+  if (!per_head(e, p)) return run_call(e, p, m, pass, call);
   const int64_t units = e->o->batch * e->o->kv_heads, slots = head_slots(e);
   const size_t slot = p->workspace_bytes / (size_t)slots;
   fa_status st = FA_OK;
@@ -247,7 +275,7 @@ static fa_status run_pass(const bench_env *e, const fa_params *p, case_mem *m, b
     head_case(e, m, p, u / e->o->kv_heads, u % e->o->kv_heads, &v, &vp);
     vp.workspace = slot ? (char *)p->workspace + (size_t)omp_get_thread_num() * slot : NULL;
     vp.workspace_bytes = slot;
-    const fa_status s = run_call(&vp, &v, pass, &c);
+    const fa_status s = run_call(e, &vp, &v, pass, &c);
     if (s != FA_OK)
 #pragma omp critical
     {
@@ -373,16 +401,67 @@ static int make_block_mask(const bench_opts *o, bench_env *e) {
   return rc;
 }
 
-/* --kv-used: every sequence uses that many keys of its cache. */
+/* n int32 values into new device memory at *dst. */
+static int device_ints(const bench_opts *o, int32_t **dst, const int32_t *host, size_t n) {
+  *dst = bench_alloc(o->device, n * sizeof(int32_t));
+  return *dst ? bench_copy_to_device(o->device, *dst, host, n * sizeof(int32_t)) : -1;
+}
+
+/* --kv-used (or --paged, --append): the keys every sequence attends to, N of
+ * its cache (all Nk without --kv-used); with --append the cache holds all
+ * but the Nq new rows before the call (kv.cache_seqlens). */
 static int make_kv_used(const bench_opts *o, bench_env *e) {
-  const size_t bytes = sizeof(int32_t) * (size_t)o->batch;
-  int32_t *host = malloc(bytes);
+  int32_t *host = malloc(sizeof(int32_t) * (size_t)o->batch);
   if (!host) return -1;
-  for (int64_t b = 0; b < o->batch; b++) host[b] = (int32_t)o->kv_used;
-  e->kv_used = bench_alloc(o->device, bytes);
-  const int rc = e->kv_used ? bench_copy_to_device(o->device, e->kv_used, host, bytes) : -1;
+  const int64_t used = o->kv_used ? o->kv_used : o->seqlen_k;
+  for (int64_t b = 0; b < o->batch; b++) host[b] = (int32_t)(used - (o->append ? o->seqlen : 0));
+  const int rc = device_ints(o, &e->kv_used, host, (size_t)o->batch);
   free(host);
   return rc;
+}
+
+/* --paged: each sequence's pages, a random permutation of the pools' pages. */
+static int make_block_table(const bench_opts *o, bench_env *e) {
+  e->pages_per_seq = pages_per_seq(o);
+  const size_t n = (size_t)(o->batch * e->pages_per_seq);
+  int32_t *host = malloc(sizeof(int32_t) * n);
+  if (!host) return -1;
+  for (size_t i = 0; i < n; i++) host[i] = (int32_t)i;
+  uint64_t x = o->seed * 0x9E3779B97F4A7C15ull + 7;
+  for (size_t i = n - 1; i > 0; i--) { /* Fisher-Yates with xorshift64 */
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    const size_t t = (size_t)(x % (uint64_t)(i + 1));
+    const int32_t v = host[i];
+    host[i] = host[t], host[t] = v;
+  }
+  const int rc = device_ints(o, &e->block_table, host, n);
+  free(host);
+  return rc;
+}
+
+/* --append: the new rows and, with --rotary, tables of cos and sin (random
+ * values: the time does not depend on them) of every cache position. */
+static int make_kvcache_call(const bench_opts *o, bench_env *e) {
+  const size_t es = fa_dtype_size(o->dtype);
+  const size_t n = (size_t)(o->batch * o->seqlen * o->kv_heads * o->headdim);
+  void *kn = bench_alloc(o->device, n * es), *vn = bench_alloc(o->device, n * es);
+  e->k_new = fa_tensor_bnhd(kn, o->dtype, o->batch, o->seqlen, o->kv_heads, o->headdim);
+  e->v_new = fa_tensor_bnhd(vn, o->dtype, o->batch, o->seqlen, o->kv_heads, o->headdim);
+  if (!kn || !vn || bench_fill_random(o->device, e->stream, kn, o->dtype, n, o->seed + 11) ||
+      bench_fill_random(o->device, e->stream, vn, o->dtype, n, o->seed + 12))
+    return -1;
+  memset(&e->kv, 0, sizeof e->kv);
+  e->kv.cache_seqlens = e->kv_used;
+  e->kv.k_new = &e->k_new, e->kv.v_new = &e->v_new;
+  if (!o->rotary) return 0;
+  const int64_t rows = e->block_table ? e->pages_per_seq * o->page_size : o->seqlen_k;
+  const size_t nt = (size_t)(rows * (o->headdim / 2 * 2) / 2);
+  e->rotary = bench_alloc(o->device, 2 * nt * es);
+  if (!e->rotary || bench_fill_random(o->device, e->stream, e->rotary, o->dtype, 2 * nt, o->seed))
+    return -1;
+  e->kv.rotary_cos = e->rotary, e->kv.rotary_sin = (char *)e->rotary + nt * es;
+  e->kv.rotary_seqlen = rows, e->kv.rotary_dim = o->headdim / 2 * 2;
+  return 0;
 }
 
 /* The peak, when asked for: measured on the CPU only. */
@@ -411,7 +490,10 @@ int main(int argc, char **argv) {
   peak_if_asked(&o, &peak);
   if (o.peak_only) return 0;
 
-  bench_env env = {&o, NULL, NULL, NULL, bench_memory_limit(o.device)};
+  bench_env env;
+  memset(&env, 0, sizeof env);
+  env.o = &o;
+  env.mem_limit = bench_memory_limit(o.device);
   if (bench_stream_create(o.device, &env.stream)) {
     fprintf(stderr, PROG ": cannot create a stream: %s\n", bench_device_error());
     return 1;
@@ -420,8 +502,16 @@ int main(int argc, char **argv) {
     fprintf(stderr, PROG ": cannot make the block mask: %s\n", bench_device_error());
     return 1;
   }
-  if (o.kv_used && make_kv_used(&o, &env)) {
+  if ((o.kv_used || o.page_size || o.append) && make_kv_used(&o, &env)) {
     fprintf(stderr, PROG ": cannot make the KV cache lengths: %s\n", bench_device_error());
+    return 1;
+  }
+  if (o.page_size && make_block_table(&o, &env)) {
+    fprintf(stderr, PROG ": cannot make the block table: %s\n", bench_device_error());
+    return 1;
+  }
+  if (o.append && make_kvcache_call(&o, &env)) {
+    fprintf(stderr, PROG ": cannot make the KV-cache call's inputs: %s\n", bench_device_error());
     return 1;
   }
   bench_result results[BENCH_MAX_PASSES * BENCH_MAX_IMPLS];
@@ -438,6 +528,10 @@ int main(int argc, char **argv) {
   bench_print_summary(&o, results, n);
   bench_free(o.device, env.block_mask);
   bench_free(o.device, env.kv_used);
+  bench_free(o.device, env.block_table);
+  bench_free(o.device, env.k_new.data);
+  bench_free(o.device, env.v_new.data);
+  bench_free(o.device, env.rotary);
   bench_stream_destroy(o.device, env.stream);
   return failed ? 1 : 0;
 }

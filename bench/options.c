@@ -122,7 +122,7 @@ static int parse_list(const char *flag, const char *val, const char *const *word
 /* Parse state: what must be resolved after every flag is seen. */
 typedef struct parse_state {
   bench_opts *o;
-  int dtype_given, repeat_given, max_time_given;
+  int dtype_given, repeat_given, max_time_given, pass_given;
 } parse_state;
 
 typedef int (*opt_fn)(parse_state *s, const char *flag, const char *val);
@@ -156,6 +156,7 @@ static int opt_pass(parse_state *s, const char *flag, const char *val) {
                  &s->o->n_passes))
     return -1;
   for (int i = 0; i < s->o->n_passes; i++) s->o->passes[i] = (bench_pass)idx[i];
+  s->pass_given = 1;
   return 0;
 }
 
@@ -169,6 +170,7 @@ SIZE_OPT(opt_kv_heads, kv_heads, 1, INT32_MAX)
 SIZE_OPT(opt_seqlen, seqlen, 1, INT32_MAX)
 SIZE_OPT(opt_seqlen_k, seqlen_k, 1, INT32_MAX)
 SIZE_OPT(opt_kv_used, kv_used, 1, INT32_MAX)
+SIZE_OPT(opt_paged, page_size, 1, INT32_MAX)
 SIZE_OPT(opt_headdim, headdim, 1, FA_MAX_HEADDIM)
 #undef SIZE_OPT
 
@@ -296,6 +298,14 @@ static int opt_seed(parse_state *s, const char *flag, const char *val) {
   return 0;
 }
 
+static int opt_append(parse_state *s, const char *flag, const char *val) {
+  return switch_value(flag, val, &s->o->append);
+}
+
+static int opt_rotary(parse_state *s, const char *flag, const char *val) {
+  return switch_value(flag, val, &s->o->rotary);
+}
+
 static int opt_json(parse_state *s, const char *flag, const char *val) {
   return switch_value(flag, val, &s->o->json);
 }
@@ -337,6 +347,14 @@ static const opt_def OPTS[] = {
     {"--kv-used", "N", TAKES_VALUE, opt_kv_used,
      "K/V is a cache of Nk rows of which each sequence uses the first N (params.seqused_k); "
      "FLOP/s count N keys"},
+    {"--paged", "PAGE_SIZE", TAKES_VALUE, opt_paged,
+     "K/V as pools of pages of PAGE_SIZE rows, each\nsequence's pages in random order through "
+     "a block\ntable (params.block_table; forward only)"},
+    {"--append", NULL, SWITCH, opt_append,
+     "the KV-cache call (fa_forward_kvcache): each\nsequence's Nq new keys and values are "
+     "written\ninto its cache, then attended to with the\nrest (forward only)"},
+    {"--rotary", NULL, SWITCH, opt_rotary,
+     "--append with rotary embedding of q and the new\nkeys (rotary_dim = D)"},
     {"--headdim", "N", TAKES_VALUE, opt_headdim, "head dimension D (default: 64)"},
     {"--dtype", "f32|f16|bf16", TAKES_VALUE, opt_dtype,
      "storage type (default: f32 on cpu, f16 on cuda)"},
@@ -448,6 +466,20 @@ static int resolve(parse_state *s) {
             (long long)o->seqlen_k);
     return -1;
   }
+  if (o->rotary) o->append = 1;
+  const int64_t used = o->kv_used ? o->kv_used : o->seqlen_k;
+  if (o->append && o->seqlen > used) {
+    fprintf(stderr, PROG ": --append: the %lld new rows (--seqlen) exceed the %lld keys attended\n",
+            (long long)o->seqlen, (long long)used);
+    return -1;
+  }
+  if ((o->page_size || o->append) && !s->pass_given) o->n_passes = 1, o->passes[0] = BENCH_FWD;
+  if (o->page_size || o->append)
+    for (int i = 0; i < o->n_passes; i++)
+      if (o->passes[i] != BENCH_FWD) {
+        fprintf(stderr, PROG ": --paged and --append time the forward only (--pass fwd)\n");
+        return -1;
+      }
   if (o->heads % o->kv_heads) {
     fprintf(stderr, PROG ": --kv-heads %lld must divide --heads %lld\n", (long long)o->kv_heads,
             (long long)o->heads);
@@ -462,7 +494,7 @@ static int resolve(parse_state *s) {
 }
 
 int bench_parse_args(int argc, char **argv, bench_opts *o) {
-  parse_state s = {o, 0, 0, 0};
+  parse_state s = {o, 0, 0, 0, 0};
   set_defaults(o);
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];

@@ -98,6 +98,8 @@ static void json_result(const bench_opts *o, const bench_peak *peak, const bench
   printf(",\"block_size\":%lld", (long long)(o->block_sparse ? o->block_size : 0));
   printf(",\"kv_used\":%lld", (long long)o->kv_used);
   if (r->impl == FA_ALGO_STANDARD) printf(",\"standard\":\"%s\"", bench_standard_name(o->standard));
+  printf(",\"paged\":%lld,\"append\":%d,\"rotary\":%d", (long long)o->page_size, o->append,
+         o->rotary);
   printf(",\"status\":\"%s\",\"ms\":", status_name(r->status));
   json_number(ok ? r->ms : NAN);
   printf(",\"ms_min\":");
@@ -137,6 +139,10 @@ void bench_print_header(const bench_opts *o, const bench_peak *peak) {
   if (o->softcap > 0) printf(", softcap %g", o->softcap);
   if (o->dropout > 0) printf(", dropout %g", o->dropout);
   if (o->kv_used) printf(", KV cache: %lld of its keys used", (long long)o->kv_used);
+  if (o->page_size) printf(", paged: %lld rows a page", (long long)o->page_size);
+  if (o->append)
+    printf(", KV-cache call: %lld new rows appended%s", (long long)o->seqlen,
+           o->rotary ? " and rotated" : "");
   if (o->block_sparse)
     printf(", block-sparse %g of %lldx%lld blocks", o->block_density, (long long)o->block_size,
            (long long)o->block_size);

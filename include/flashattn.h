@@ -171,6 +171,38 @@ typedef struct fa_params {
    * stream-ordered). */
   void *workspace;
   size_t workspace_bytes;
+
+  /* Paged KV cache (flash-attn's and vLLM's block_table; forward only): when
+   * block_table is non-NULL, k and v are pools of pages, each tensor's batch
+   * the number of pages and its seqlen the page size (so (num_pages,
+   * page_size, heads_k, D) in flash-attn's layout; any strides), and sequence
+   * s reads its keys through row s of the table: its key j is row
+   * j % page_size of page
+   *   block_table[s * block_table_stride + j / page_size].
+   * int32, one row of max_pages_per_seq entries per sequence (block_table_stride
+   * 0: max_pages_per_seq), in the device's memory. A sequence holds at most
+   * max_pages_per_seq * page_size keys: all of them in a fixed-length batch
+   * (q's batch is the number of sequences; k's is not), cu_seqlens_k's span
+   * in a varlen batch (whose offsets then count keys only, not rows of k), or
+   * seqused_k[s] of them when seqused_k is given. Only the entries of pages
+   * that hold keys read are used, and each must be in [0, num_pages) (on
+   * CUDA, where the host does not read the table, others are clamped into
+   * it); pages may come in any order and be shared between sequences. Any
+   * page size on the CPU and on CUDA (the Hopper kernels take multiples of
+   * 8; others run on the sm_80 kernels). fa_backward refuses it
+   * (FA_ERR_UNSUPPORTED), as flash-attn's paged path is inference-only, and so
+   * does CUDA with dropout, a block mask or FA_ALGO_STANDARD. */
+  const int32_t *block_table;
+  int64_t block_table_stride;
+  int64_t max_pages_per_seq;
+
+  /* CUDA forward: into how many ranges each sequence's keys are split, the
+   * ranges' results combined afterwards (flash-attn's num_splits; faster for
+   * decode shapes, which leave most of the GPU idle otherwise): 0 lets the
+   * library choose, 1 never splits, n in [2, 128] splits into n (at most one
+   * per key tile). Any value gives the same result up to rounding. The CPU
+   * ignores it (its results do not depend on how its work is split). */
+  int num_splits;
 } fa_params;
 
 typedef enum fa_pass {
@@ -223,6 +255,70 @@ fa_status fa_workspace_size(fa_pass pass, const fa_params *params, const fa_tens
  * offsets are read on the host). Workspace: fa_workspace_size(FA_PASS_PROBS). */
 fa_status fa_attention_probs(const fa_params *params, const fa_tensor *q, const fa_tensor *k,
                              int64_t rows, int64_t cols, float *probs);
+/* The KV-cache call's inputs beyond fa_forward's (flash-attn's
+ * flash_attn_with_kvcache). Batch entry b (of q's batch B) attends to its
+ * cache's rows [leftpad_b, cache_seqlens[b] + seqlen_new) (leftpad_b =
+ * cache_leftpad[b], or 0), after the new keys and values, when given, were
+ * written into that cache at rows cache_seqlens[b] .. cache_seqlens[b] +
+ * seqlen_new - 1. Its cache is row cache_batch_idx[b] (or b) of k_cache and
+ * v_cache, or, with params.block_table, the pages of row b of the table.
+ * The masks, ALiBi and seqlen_k of the attention are those of the rows
+ * attended to: nk_b = cache_seqlens[b] + seqlen_new - leftpad_b keys. */
+typedef struct fa_kvcache {
+  /* Rows already in each batch entry's cache: int32, B of them, in the
+   * device's memory; leftpad_b <= cache_seqlens[b] and cache_seqlens[b] +
+   * seqlen_new <= the cache's rows (k_cache's seqlen, or max_pages_per_seq *
+   * page_size when paged). Not updated by the call. */
+  const int32_t *cache_seqlens;
+  /* New keys and values, (B, seqlen_new, heads_k, D) in q's dtype, or both
+   * NULL (nothing appended). Written in place into k_cache and v_cache (the
+   * keys rotated first when rotary_cos is given). */
+  const fa_tensor *k_new, *v_new;
+  /* Which row of k_cache / v_cache each batch entry uses: int32, B values in
+   * [0, k_cache's batch), device memory; NULL: entry b uses row b. Entries
+   * that share a row and append to it write in an unspecified order. Not
+   * with a block_table. */
+  const int32_t *cache_batch_idx;
+  /* First cache row each batch entry attends to (left padding): int32, B
+   * values, device memory; NULL: 0. Not with a block_table. */
+  const int32_t *cache_leftpad;
+  /* Rotary embedding (RoPE), flash-attn's: NULL for none, else tables of
+   * rotary_seqlen positions x rotary_dim / 2 values in q's dtype, in the
+   * device's memory, position p's row at p * rotary_stride (0: rotary_dim /
+   * 2). Applied to the first rotary_dim (even, <= D) columns of every head:
+   * of the new keys, key i at position cache_seqlens[b] + i (k_new must be
+   * given), and of q, query row i at position cache_seqlens[b] + i under a
+   * causal mask or a window with a bound >= 0, else every row at
+   * cache_seqlens[b]. Pairs (x1, x2) become (x1 cos - x2 sin, x1 sin +
+   * x2 cos) with cos, sin = cos[p][c], sin[p][c] of pair c: pairs of
+   * adjacent columns (2c, 2c + 1) when rotary_interleaved (GPT-J), else of
+   * columns (c, c + rotary_dim / 2) (GPT-NeoX). The positions used must be
+   * < rotary_seqlen: it is at least the cache's rows. */
+  const void *rotary_cos, *rotary_sin;
+  int64_t rotary_seqlen, rotary_dim, rotary_stride;
+  int rotary_interleaved;
+} fa_kvcache;
+
+/* flash-attn's flash_attn_with_kvcache: appends kv->k_new and kv->v_new (when
+ * given, rotated) to each batch entry's cache in place, then writes O and lse
+ * (as fa_forward: (B, heads_q, seqlen_q), may be NULL) of attention of q
+ * (rotated when kv->rotary_cos is given; q itself is not written) over the
+ * cache rows of fa_kvcache's comment, with params' scale, causal mask,
+ * window, softcap, ALiBi, block_table (paged caches) and num_splits.
+ * k_cache and v_cache are (batch, rows, heads_k, D), or page pools with a
+ * block_table; q is (B, seqlen_q, heads_q, D). params must not set
+ * cu_seqlens, seqused_k (cache_seqlens is its place) or dropout. On CUDA the
+ * new rows are written and read in the call's stream order, like the rest
+ * of it; there the call takes the flash algorithms (FA_ALGO_STANDARD:
+ * FA_ERR_UNSUPPORTED). */
+fa_status fa_forward_kvcache(const fa_params *params, const fa_kvcache *kv, const fa_tensor *q,
+                             fa_tensor *k_cache, fa_tensor *v_cache, fa_tensor *o, float *lse);
+
+/* Bytes of scratch memory fa_forward_kvcache needs for these arguments
+ * (data pointers are not read), as fa_workspace_size for fa_forward. */
+fa_status fa_kvcache_workspace_size(const fa_params *params, const fa_kvcache *kv,
+                                    const fa_tensor *q, const fa_tensor *k_cache,
+                                    const fa_tensor *v_cache, size_t *bytes);
 
 /* The keep (1) / drop (0) decisions of dropout (params.dropout_p, seed,
  * offset) for the attention matrix of sequence `seq`, query head `head` (of

@@ -262,9 +262,37 @@ static fa_status check_shard(const fa_params *p, const fa_tensor *q, const fa_te
   return FA_OK;
 }
 
+/* Keys one sequence's K/V rows can hold: pages x page size when paged (k is
+ * then a pool of pages), else k's seqlen. */
+static int64_t kv_capacity(const fa_params *p, const fa_tensor *k) {
+  return p->block_table ? p->max_pages_per_seq * k->seqlen : k->seqlen;
+}
+
+/* A paged KV cache's table shape (the entries are checked in make_problem,
+ * once the keys each sequence reads are known). */
+static fa_status check_paged(const fa_params *p, const fa_tensor *k) {
+  if (!p->block_table) return FA_OK;
+  if (p->max_pages_per_seq < 1)
+    return FA_INVALID("params.max_pages_per_seq must be >= 1 with a block_table (got %lld)",
+                      (long long)p->max_pages_per_seq);
+  if (p->block_table_stride != 0 && p->block_table_stride < p->max_pages_per_seq)
+    return FA_INVALID("params.block_table_stride %lld is less than max_pages_per_seq %lld",
+                      (long long)p->block_table_stride, (long long)p->max_pages_per_seq);
+  if ((double)p->max_pages_per_seq * (double)k->seqlen > (double)(INT32_MAX / 2))
+    return FA_INVALID(
+        "params.max_pages_per_seq x page size (k's seqlen %lld) must be < 2^30 keys per sequence",
+        (long long)k->seqlen);
+  if (p->block_table_stride > ((int64_t)1 << 40))
+    return FA_INVALID("params.block_table_stride is too large");
+  return FA_OK;
+}
+
 static fa_status check_params(const fa_params *p, const fa_tensor *q, const fa_tensor *k) {
   if (p->device != FA_DEVICE_CPU && p->device != FA_DEVICE_CUDA)
     return FA_INVALID("params.device: unknown device %d", (int)p->device);
+  FA_TRY(check_paged(p, k));
+  if (p->num_splits < 0 || p->num_splits > 128)
+    return FA_INVALID("params.num_splits must be in [0, 128] (got %d)", p->num_splits);
   if (p->algorithm != FA_ALGO_FLASH2 && p->algorithm != FA_ALGO_FLASH1 &&
       p->algorithm != FA_ALGO_STANDARD)
     return FA_INVALID("params.algorithm: unknown algorithm %d", (int)p->algorithm);
@@ -286,7 +314,7 @@ static fa_status check_params(const fa_params *p, const fa_tensor *q, const fa_t
     if (p->block_mask_stride_batch < 0 || p->block_mask_stride_head < 0 ||
         p->block_mask_stride_row < 0)
       return FA_INVALID("params.block_mask strides must be >= 0");
-    int64_t nbk = (k->seqlen + p->block_size_k - 1) / p->block_size_k;
+    int64_t nbk = (kv_capacity(p, k) + p->block_size_k - 1) / p->block_size_k;
     if (p->block_mask_stride_row != 0 && p->block_mask_stride_row < nbk)
       return FA_INVALID(
           "params.block_mask_stride_row %lld is less than the %lld key blocks of a row",
@@ -299,7 +327,7 @@ static fa_status check_params(const fa_params *p, const fa_tensor *q, const fa_t
     return FA_INVALID("params.cu_seqlens_q and cu_seqlens_k must be given together");
   if (p->cu_seqlens_q) {
     if (p->num_seqs < 1) return FA_INVALID("params.num_seqs must be >= 1 with cu_seqlens");
-    if (q->batch != 1 || k->batch != 1)
+    if (q->batch != 1 || (k->batch != 1 && !p->block_table))
       return FA_INVALID("q/k: batch must be 1 with cu_seqlens (sequences are packed along seqlen)");
     if (p->device == FA_DEVICE_CPU) {
       const int32_t *cs[2] = {p->cu_seqlens_q, p->cu_seqlens_k};
@@ -311,9 +339,19 @@ static fa_status check_params(const fa_params *p, const fa_tensor *q, const fa_t
           if (cs[a][i + 1] < cs[a][i])
             return FA_INVALID("params.%s must be non-decreasing (entry %lld)", nm[a],
                               (long long)(i + 1));
-        if (cs[a][p->num_seqs] > tot[a])
+        if (a == 1 &&
+            p->block_table) { /* paged: the offsets count keys, each span in a table row */
+          for (int64_t i = 0; i < p->num_seqs; i++)
+            if (cs[a][i + 1] - cs[a][i] > kv_capacity(p, k))
+              return FA_INVALID(
+                  "params.cu_seqlens_k: sequence %lld has %d keys, more than its %lld pages of "
+                  "%lld hold",
+                  (long long)i, (int)(cs[a][i + 1] - cs[a][i]), (long long)p->max_pages_per_seq,
+                  (long long)k->seqlen);
+        } else if (cs[a][p->num_seqs] > tot[a]) {
           return FA_INVALID("params.%s[num_seqs] = %d exceeds the tensor's seqlen %lld", nm[a],
                             (int)cs[a][p->num_seqs], (long long)tot[a]);
+        }
       }
     }
   }
@@ -321,7 +359,7 @@ static fa_status check_params(const fa_params *p, const fa_tensor *q, const fa_t
     const int64_t ns = p->cu_seqlens_q ? p->num_seqs : q->batch;
     for (int64_t s = 0; s < ns; s++) {
       const int64_t len =
-          p->cu_seqlens_k ? p->cu_seqlens_k[s + 1] - p->cu_seqlens_k[s] : k->seqlen;
+          p->cu_seqlens_k ? p->cu_seqlens_k[s + 1] - p->cu_seqlens_k[s] : kv_capacity(p, k);
       if (p->seqused_k[s] < 0 || p->seqused_k[s] > len)
         return FA_INVALID("params.seqused_k[%lld] = %d is outside [0, %lld], the sequence's keys",
                           (long long)s, (int)p->seqused_k[s], (long long)len);
@@ -333,26 +371,132 @@ static fa_status check_params(const fa_params *p, const fa_tensor *q, const fa_t
   return FA_OK;
 }
 
-/* Everything but the data of the outputs: shapes, dtypes, params, support. */
+/* The KV-cache call's own arguments (fa_kvcache), q and the caches' shapes
+ * being checked; on the CPU, its arrays too. */
+static fa_status check_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_tensor *q,
+                               const fa_tensor *k) {
+  if (!kv->cache_seqlens)
+    return FA_INVALID("kv.cache_seqlens is NULL: the KV-cache call needs each cache's length");
+  if (p->cu_seqlens_q || p->cu_seqlens_k)
+    return FA_INVALID("params.cu_seqlens: the KV-cache call takes fixed-length batches only");
+  if (p->seqused_k)
+    return FA_INVALID(
+        "params.seqused_k must be NULL in the KV-cache call (kv.cache_seqlens is "
+        "its place)");
+  if (p->dropout_p != 0)
+    return FA_INVALID("params.dropout_p must be 0 in the KV-cache call (it is inference only)");
+  if ((kv->k_new == NULL) != (kv->v_new == NULL))
+    return FA_INVALID("kv.k_new and kv.v_new must be given together");
+  const int64_t cap = kv_capacity(p, k), B = q->batch;
+  int64_t nnew = 0;
+  if (kv->k_new) {
+    FA_TRY(check_tensor(kv->k_new, "kv.k_new", 0, NULL));
+    FA_TRY(check_tensor(kv->v_new, "kv.v_new", 0, NULL));
+    FA_TRY(check_same_shape(kv->v_new, "kv.v_new", kv->k_new, "kv.k_new"));
+    if (kv->k_new->dtype != q->dtype || kv->v_new->dtype != q->dtype)
+      return FA_INVALID("kv.k_new and kv.v_new must have q's dtype");
+    const fa_tensor *kn = kv->k_new;
+    if (kn->batch != B || kn->heads != k->heads || kn->headdim != q->headdim)
+      return FA_INVALID(
+          "kv.k_new: shape (%lld, %lld, %lld, %lld) must be (q's batch %lld, seqlen_new, the "
+          "cache's heads %lld, headdim %lld)",
+          (long long)kn->batch, (long long)kn->seqlen, (long long)kn->heads, (long long)kn->headdim,
+          (long long)B, (long long)k->heads, (long long)q->headdim);
+    nnew = kn->seqlen;
+    if (nnew > cap)
+      return FA_INVALID("kv.k_new: %lld new rows do not fit a cache of %lld rows", (long long)nnew,
+                        (long long)cap);
+  }
+  if (p->block_table && (kv->cache_batch_idx || kv->cache_leftpad))
+    return FA_INVALID(
+        "kv.cache_batch_idx and kv.cache_leftpad are not supported with a block_table (each "
+        "batch entry's pages are its row of the table)");
+  if (!p->block_table && !kv->cache_batch_idx && k->batch != B)
+    return FA_INVALID("k_cache: batch %lld differs from q's %lld (without kv.cache_batch_idx)",
+                      (long long)k->batch, (long long)B);
+  if ((kv->rotary_cos == NULL) != (kv->rotary_sin == NULL))
+    return FA_INVALID("kv.rotary_cos and kv.rotary_sin must be given together");
+  if (kv->rotary_cos) {
+    if (!kv->k_new)
+      return FA_INVALID("kv.rotary_cos: rotary embedding needs new keys (kv.k_new) to rotate");
+    if (kv->rotary_dim < 2 || kv->rotary_dim % 2 || kv->rotary_dim > q->headdim)
+      return FA_INVALID("kv.rotary_dim must be even and in [2, headdim %lld] (got %lld)",
+                        (long long)q->headdim, (long long)kv->rotary_dim);
+    if (kv->rotary_seqlen < cap || kv->rotary_seqlen > ((int64_t)1 << 40))
+      return FA_INVALID(
+          "kv.rotary_seqlen %lld must be at least the cache's %lld rows (every position a key "
+          "can have)",
+          (long long)kv->rotary_seqlen, (long long)cap);
+    if (kv->rotary_stride != 0 &&
+        (kv->rotary_stride < kv->rotary_dim / 2 || kv->rotary_stride > ((int64_t)1 << 40)))
+      return FA_INVALID("kv.rotary_stride %lld is less than rotary_dim / 2 = %lld",
+                        (long long)kv->rotary_stride, (long long)(kv->rotary_dim / 2));
+  }
+  if (p->device != FA_DEVICE_CPU) return FA_OK; /* device memory is not read here */
+  for (int64_t b = 0; b < B; b++) {
+    const int64_t lp = kv->cache_leftpad ? kv->cache_leftpad[b] : 0, sl = kv->cache_seqlens[b];
+    if (kv->cache_batch_idx && (kv->cache_batch_idx[b] < 0 || kv->cache_batch_idx[b] >= k->batch))
+      return FA_INVALID("kv.cache_batch_idx[%lld] = %d is outside [0, %lld), k_cache's batch",
+                        (long long)b, (int)kv->cache_batch_idx[b], (long long)k->batch);
+    if (lp < 0 || lp > cap)
+      return FA_INVALID("kv.cache_leftpad[%lld] = %lld is outside [0, %lld], the cache's rows",
+                        (long long)b, (long long)lp, (long long)cap);
+    if (sl < lp || sl + nnew > cap)
+      return FA_INVALID(
+          "kv.cache_seqlens[%lld] = %lld is outside [%lld, %lld] (from its left padding to the "
+          "cache's %lld rows less the %lld new ones)",
+          (long long)b, (long long)sl, (long long)lp, (long long)(cap - nnew), (long long)cap,
+          (long long)nnew);
+  }
+  return FA_OK;
+}
+
+/* A paged problem's table entries, on the CPU: those of every page holding a
+ * key read must name a page of the pools. */
+static fa_status check_block_table(const fa_problem *pb) {
+  if (!pb->page_size || pb->params->device != FA_DEVICE_CPU) return FA_OK;
+  for (int64_t s = 0; s < pb->batch; s++) {
+    const fa_seq sq = fa_problem_seq(pb, s);
+    const int64_t pages = (sq.k0 + sq.nk + pb->page_size - 1) / pb->page_size;
+    for (int64_t i = 0; i < pages; i++)
+      if (sq.pages[i] < 0 || sq.pages[i] >= pb->k.batch)
+        return FA_INVALID(
+            "params.block_table[%lld][%lld] = %d is outside [0, %lld), the pools' pages (page "
+            "%lld holds keys of sequence %lld)",
+            (long long)s, (long long)i, (int)sq.pages[i], (long long)pb->k.batch, (long long)i,
+            (long long)s);
+  }
+  return FA_OK;
+}
+
+/* Everything but the data of the outputs: shapes, dtypes, params, support.
+ * kv: the KV-cache call's arguments (k and v are then the caches), or NULL. */
 static fa_status make_problem(fa_pass pass, const fa_params *p, const fa_tensor *q,
-                              const fa_tensor *k, const fa_tensor *v, fa_problem *pb) {
+                              const fa_tensor *k, const fa_tensor *v, const fa_kvcache *kv,
+                              fa_problem *pb) {
   if (!p) return FA_INVALID("params is NULL");
+  const char *kn = kv ? "k_cache" : "k", *vn = kv ? "v_cache" : "v";
   FA_TRY(check_tensor(q, "q", 0, NULL));
-  FA_TRY(check_tensor(k, "k", 0, NULL));
-  FA_TRY(check_tensor(v, "v", 0, NULL));
+  FA_TRY(check_tensor(k, kn, 0, NULL));
+  FA_TRY(check_tensor(v, vn, 0, NULL));
   if (k->dtype != q->dtype || v->dtype != q->dtype)
-    return FA_INVALID("q, k and v must have the same dtype");
-  FA_TRY(check_same_shape(v, "v", k, "k"));
-  if (k->batch != q->batch)
+    return FA_INVALID("q, %s and %s must have the same dtype", kn, vn);
+  FA_TRY(check_same_shape(v, vn, k, kn));
+  if (k->batch != q->batch && !p->block_table && !kv)
     return FA_INVALID("k: batch %lld differs from q's %lld", (long long)k->batch,
                       (long long)q->batch);
   if (k->headdim != q->headdim)
-    return FA_INVALID("k: headdim %lld differs from q's %lld", (long long)k->headdim,
+    return FA_INVALID("%s: headdim %lld differs from q's %lld", kn, (long long)k->headdim,
                       (long long)q->headdim);
   if (q->heads % k->heads)
-    return FA_INVALID("q: heads (%lld) must be a multiple of k's heads (%lld)", (long long)q->heads,
-                      (long long)k->heads);
+    return FA_INVALID("q: heads (%lld) must be a multiple of %s's heads (%lld)",
+                      (long long)q->heads, kn, (long long)k->heads);
   FA_TRY(check_params(p, q, k));
+  if (kv) FA_TRY(check_kvcache(p, kv, q, k));
+  if (p->block_table && pass == FA_PASS_BACKWARD)
+    return fa_set_error(FA_ERR_UNSUPPORTED,
+                        "params.block_table: the backward pass does not take a paged KV cache "
+                        "(paged attention is inference-only)");
   if (q->dtype == FA_DTYPE_F64 && !(p->device == FA_DEVICE_CPU && p->algorithm == FA_ALGO_STANDARD))
     return fa_set_error(FA_ERR_UNSUPPORTED,
                         "dtype f64 is only supported by the standard algorithm on the CPU");
@@ -369,6 +513,24 @@ static fa_status make_problem(fa_pass pass, const fa_params *p, const fa_tensor 
   pb->headdim = q->headdim;
   pb->scale = p->softmax_scale != 0 ? p->softmax_scale : (float)(1.0 / sqrt((double)q->headdim));
   pb->varlen = p->cu_seqlens_q != NULL;
+  pb->k_cap = kv_capacity(p, k);
+  if (p->block_table) {
+    pb->block_table = p->block_table;
+    pb->block_table_stride = p->block_table_stride ? p->block_table_stride : p->max_pages_per_seq;
+    pb->page_size = k->seqlen;
+  }
+  pb->k_used = p->seqused_k;
+  if (kv) {
+    pb->kv = kv;
+    pb->k_used = kv->cache_seqlens;
+    pb->k_used_add = kv->k_new ? kv->k_new->seqlen : 0;
+    pb->k_start = kv->cache_leftpad;
+    pb->k_batch = kv->cache_batch_idx;
+    pb->q_in = *q;
+    if (kv->k_new) pb->k_new = *kv->k_new, pb->v_new = *kv->v_new;
+    pb->rotary_all_rows =
+        p->causal || (p->window_enabled && (p->window_left >= 0 || p->window_right >= 0));
+  }
   if (pb->varlen) {
     pb->batch = p->num_seqs;
     pb->total_q = q->seqlen;
@@ -380,29 +542,33 @@ static fa_status make_problem(fa_pass pass, const fa_params *p, const fa_tensor 
         if (nk > pb->max_seqlen_k) pb->max_seqlen_k = nk;
       }
     } else {
-      /* device-resident offsets are not read on the host: bound by the totals */
+      /* device-resident offsets are not read on the host: bound by the totals
+       * (paged: by a sequence's pages) */
       pb->max_seqlen_q = q->seqlen;
-      pb->max_seqlen_k = k->seqlen;
+      pb->max_seqlen_k = p->block_table ? pb->k_cap : k->seqlen;
     }
   } else {
     pb->batch = q->batch;
     pb->total_q = q->batch * q->seqlen;
     pb->max_seqlen_q = q->seqlen;
-    pb->max_seqlen_k = k->seqlen;
+    pb->max_seqlen_k = pb->k_cap;
   }
-  if (p->seqused_k && p->device == FA_DEVICE_CPU) { /* the keys read (checked in range) */
+  if (pb->k_used && p->device == FA_DEVICE_CPU) { /* the keys read (checked in range) */
     pb->max_seqlen_k = 0;
-    for (int64_t s = 0; s < pb->batch; s++)
-      if (p->seqused_k[s] > pb->max_seqlen_k) pb->max_seqlen_k = p->seqused_k[s];
+    for (int64_t s = 0; s < pb->batch; s++) {
+      const int64_t nk = fa_problem_seq(pb, s).nk;
+      if (nk > pb->max_seqlen_k) pb->max_seqlen_k = nk;
+    }
   }
   if (p->shard_enabled) {
     pb->q_pos = p->shard_q_offset;
     pb->k_pos = p->shard_k_offset;
   }
+  FA_TRY(check_block_table(pb));
   if (p->block_mask)
     pb->block_mask_stride_row = p->block_mask_stride_row
                                     ? p->block_mask_stride_row
-                                    : (k->seqlen + p->block_size_k - 1) / p->block_size_k;
+                                    : (kv_capacity(p, k) + p->block_size_k - 1) / p->block_size_k;
   int nt = p->num_threads > 0 ? p->num_threads : omp_get_num_procs();
   pb->num_threads = nt > 0 ? nt : 1;
 
@@ -447,15 +613,26 @@ fa_status fa_workspace_size(fa_pass pass, const fa_params *params, const fa_tens
   if (pass != FA_PASS_FORWARD && pass != FA_PASS_BACKWARD && pass != FA_PASS_PROBS)
     return FA_INVALID("pass: unknown pass %d", (int)pass);
   if (!bytes) return FA_INVALID("bytes is NULL");
-  FA_TRY(make_problem(pass, params, q, k, v, &pb));
+  FA_TRY(make_problem(pass, params, q, k, v, NULL, &pb));
   /* the forward may be called with lse == NULL: count its scratch too */
   *bytes = align_up(backend_workspace(pass, &pb)) + (pass == FA_PASS_FORWARD ? lse_bytes(&pb) : 0);
   return FA_OK;
 }
 
-/* Runs the backend with the caller's workspace or one allocated for the call. */
-static fa_status run_backend(fa_pass pass, fa_problem *pb, size_t extra) {
+/* The KV-cache call's rotated copy of q (contiguous (B, N, H, D)), when
+ * rotary; it lives after the lse scratch. */
+static size_t qcopy_bytes(const fa_problem *pb) {
+  if (!pb->kv || !pb->kv->rotary_cos) return 0;
+  const fa_tensor *q = &pb->q_in;
+  return align_up((size_t)(q->batch * q->seqlen * q->heads * q->headdim) * fa_dtype_size(q->dtype));
+}
+
+/* Runs the backend with the caller's workspace or one allocated for the call;
+ * extra: the bytes of the lse scratch (lse_extra of them) and q's rotated copy
+ * after the backend's. */
+static fa_status run_backend(fa_pass pass, fa_problem *pb, size_t lse_extra) {
   const fa_params *p = pb->params;
+  const size_t qc = qcopy_bytes(pb), extra = lse_extra + qc;
   size_t need = align_up(backend_workspace(pass, pb)) + extra;
   void *mem = NULL;
   if (p->workspace) {
@@ -479,7 +656,12 @@ static fa_status run_backend(fa_pass pass, fa_problem *pb, size_t extra) {
     pb->workspace = mem;
   }
   pb->workspace_bytes = need;
-  if (extra) pb->lse = (float *)((char *)pb->workspace + (need - extra));
+  if (lse_extra) pb->lse = (float *)((char *)pb->workspace + (need - extra));
+  if (qc) {
+    const fa_tensor *q = &pb->q_in;
+    pb->q = fa_tensor_bnhd((char *)pb->workspace + (need - qc), q->dtype, q->batch, q->seqlen,
+                           q->heads, q->headdim);
+  }
 
   fa_status st;
   if (p->device == FA_DEVICE_CUDA) {
@@ -491,6 +673,10 @@ static fa_status run_backend(fa_pass pass, fa_problem *pb, size_t extra) {
 #else
     st = FA_ERR_INTERNAL;
 #endif
+    return st;
+  }
+  if (pb->kv && (st = fa_host_kvcache_prepare(pb)) != FA_OK) {
+    free(mem);
     return st;
   }
   if (pass == FA_PASS_PROBS)
@@ -513,7 +699,7 @@ fa_status fa_forward(const fa_params *params, const fa_tensor *q, const fa_tenso
                      const fa_tensor *v, fa_tensor *o, float *lse) {
   fa_problem pb;
   fa_named nm[5];
-  FA_TRY(make_problem(FA_PASS_FORWARD, params, q, k, v, &pb));
+  FA_TRY(make_problem(FA_PASS_FORWARD, params, q, k, v, NULL, &pb));
   FA_TRY(check_tensor(o, "o", 1, &nm[3].span));
   if (o->dtype != q->dtype) return FA_INVALID("o: dtype differs from q's");
   FA_TRY(check_same_shape(o, "o", q, "q"));
@@ -535,12 +721,72 @@ fa_status fa_forward(const fa_params *params, const fa_tensor *q, const fa_tenso
   return run_backend(FA_PASS_FORWARD, &pb, lse ? 0 : lse_bytes(&pb));
 }
 
+/* Bytes of a rotary table: positions x stride, the last row rotary_dim / 2. */
+static fa_span rotary_span(const fa_kvcache *kv, const void *tab, fa_dtype dt) {
+  const int64_t half = kv->rotary_dim / 2, st = kv->rotary_stride ? kv->rotary_stride : half;
+  fa_span s = {(uintptr_t)tab, (uintptr_t)tab + (uintptr_t)(((kv->rotary_seqlen - 1) * st + half) *
+                                                            (int64_t)fa_dtype_size(dt))};
+  return s;
+}
+
+fa_status fa_kvcache_workspace_size(const fa_params *params, const fa_kvcache *kv,
+                                    const fa_tensor *q, const fa_tensor *k_cache,
+                                    const fa_tensor *v_cache, size_t *bytes) {
+  fa_problem pb;
+  if (!bytes) return FA_INVALID("bytes is NULL");
+  if (!kv) return FA_INVALID("kv is NULL");
+  FA_TRY(make_problem(FA_PASS_FORWARD, params, q, k_cache, v_cache, kv, &pb));
+  *bytes = align_up(backend_workspace(FA_PASS_FORWARD, &pb)) + lse_bytes(&pb) + qcopy_bytes(&pb);
+  return FA_OK;
+}
+
+fa_status fa_forward_kvcache(const fa_params *params, const fa_kvcache *kv, const fa_tensor *q,
+                             fa_tensor *k_cache, fa_tensor *v_cache, fa_tensor *o, float *lse) {
+  fa_problem pb;
+  fa_named nm[10];
+  if (!kv) return FA_INVALID("kv is NULL");
+  FA_TRY(make_problem(FA_PASS_FORWARD, params, q, k_cache, v_cache, kv, &pb));
+  const int append = kv->k_new != NULL;
+  FA_TRY(check_tensor(o, "o", 1, &nm[0].span));
+  if (o->dtype != q->dtype) return FA_INVALID("o: dtype differs from q's");
+  FA_TRY(check_same_shape(o, "o", q, "q"));
+  /* the caches are outputs when the new rows are written into them */
+  FA_TRY(check_tensor(q, "q", 0, &nm[1].span));
+  FA_TRY(check_tensor(k_cache, "k_cache", append, &nm[2].span));
+  FA_TRY(check_tensor(v_cache, "v_cache", append, &nm[3].span));
+  nm[0].name = "o", nm[0].t = o, nm[0].output = 1;
+  nm[1].name = "q", nm[1].t = q, nm[1].output = 0;
+  nm[2].name = "k_cache", nm[2].t = k_cache, nm[2].output = append;
+  nm[3].name = "v_cache", nm[3].t = v_cache, nm[3].output = append;
+  int n = 4;
+  if (append) {
+    FA_TRY(check_tensor(kv->k_new, "kv.k_new", 0, &nm[n].span));
+    nm[n].name = "kv.k_new", nm[n].t = kv->k_new, nm[n].output = 0, n++;
+    FA_TRY(check_tensor(kv->v_new, "kv.v_new", 0, &nm[n].span));
+    nm[n].name = "kv.v_new", nm[n].t = kv->v_new, nm[n].output = 0, n++;
+  }
+  if (kv->rotary_cos) {
+    nm[n].name = "kv.rotary_cos", nm[n].t = NULL, nm[n].output = 0;
+    nm[n++].span = rotary_span(kv, kv->rotary_cos, q->dtype);
+    nm[n].name = "kv.rotary_sin", nm[n].t = NULL, nm[n].output = 0;
+    nm[n++].span = rotary_span(kv, kv->rotary_sin, q->dtype);
+  }
+  if (lse) {
+    nm[n].name = "lse", nm[n].t = NULL, nm[n].output = 1, nm[n].span = lse_span(&pb, lse);
+    n++;
+  }
+  FA_TRY(check_overlaps(nm, n));
+  pb.o = *o;
+  pb.lse = lse;
+  return run_backend(FA_PASS_FORWARD, &pb, lse ? 0 : lse_bytes(&pb));
+}
+
 fa_status fa_backward(const fa_params *params, const fa_tensor *q, const fa_tensor *k,
                       const fa_tensor *v, const fa_tensor *o, const fa_tensor *dout,
                       const float *lse, fa_tensor *dq, fa_tensor *dk, fa_tensor *dv) {
   fa_problem pb;
   fa_named nm[10];
-  FA_TRY(make_problem(FA_PASS_BACKWARD, params, q, k, v, &pb));
+  FA_TRY(make_problem(FA_PASS_BACKWARD, params, q, k, v, NULL, &pb));
   const fa_tensor *ins[5] = {q, k, v, o, dout};
   const char *in_names[5] = {"q", "k", "v", "o", "dout"};
   fa_tensor *outs[3] = {dq, dk, dv};
@@ -578,7 +824,11 @@ fa_status fa_attention_probs(const fa_params *params, const fa_tensor *q, const 
                              int64_t rows, int64_t cols, float *probs) {
   fa_problem pb;
   fa_named nm[3];
-  FA_TRY(make_problem(FA_PASS_PROBS, params, q, k, k, &pb));
+  FA_TRY(make_problem(FA_PASS_PROBS, params, q, k, k, NULL, &pb));
+  if (params->block_table)
+    return fa_set_error(FA_ERR_UNSUPPORTED,
+                        "fa_attention_probs: params.block_table (a paged KV cache) is not "
+                        "supported; pass the keys as one tensor");
   FA_TRY(check_tensor(q, "q", 0, &nm[0].span));
   FA_TRY(check_tensor(k, "k", 0, &nm[1].span));
   if (rows < 1 || cols < 1)

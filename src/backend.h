@@ -26,6 +26,10 @@ size_t fa_cpu_backward_workspace(const fa_problem *pb);
 fa_status fa_cpu_forward(const fa_problem *pb);
 fa_status fa_cpu_backward(const fa_problem *pb);
 
+/* The KV-cache call's first step in host memory (common/kvcache.c): q
+ * rotated into fa_problem.q, the new rows appended to the caches. */
+fa_status fa_host_kvcache_prepare(const fa_problem *pb);
+
 /* CUDA backend (only when built with FLASHATTN_CUDA). */
 int fa_cuda_available(void);
 fa_status fa_cuda_check(const fa_problem *pb, fa_pass pass); /* what this build supports */

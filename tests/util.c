@@ -2,6 +2,7 @@
 #include "util.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,6 +139,14 @@ void tu_store(void *base, fa_dtype dt, size_t idx, double x) {
       ((double *)base)[idx] = x;
       break;
   }
+}
+
+void tu_appendf(char *buf, size_t n, size_t *used, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  const int k = vsnprintf(buf + *used, *used < n ? n - *used : 0, fmt, ap);
+  va_end(ap);
+  if (k > 0) *used += (size_t)k;
 }
 
 const char *tu_dtype_name(fa_dtype dt) {

@@ -47,6 +47,10 @@ void register_validation_tests(void);
 void register_extension_tests(void); /* dropout, block-sparse */
 void register_shard_tests(void);     /* fa_params.shard_enabled */
 void register_ring_tests(void);      /* fa_ring_forward, fa_ring_backward */
+void register_kvcache_tests(void);   /* paged KV caches, the KV-cache call */
+/* Parses the command line, runs the registered cases, prints the summary;
+ * the exit status (runner.c). */
+int tr_main(int argc, char **argv);
 
 /* ---- random numbers (splitmix64) ---------------------------------------- */
 
@@ -73,6 +77,12 @@ double tu_round(double x, fa_dtype dt);
 double tu_load(const void *base, fa_dtype dt, size_t idx);
 void tu_store(void *base, fa_dtype dt, size_t idx, double x);
 const char *tu_dtype_name(fa_dtype dt);
+/* Appends printf output to buf (n bytes, *used of them taken; truncates). */
+void tu_appendf(char *buf, size_t n, size_t *used, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
 const char *tu_algo_name(fa_algorithm a);
 
 /* The variant of a test case as fa_params (the rest zero): masks, softcap,

@@ -76,7 +76,7 @@ if [ -n "$pack" ]; then # the run's files: the library, the test and bench binar
   mkdir -p "$tmp/build-gpu/bin" "$(dirname "$pack")"
   cp -a build-gpu/libflashattn.so* "$tmp/build-gpu/"
   strip --strip-unneeded "$tmp"/build-gpu/libflashattn.so.*.*
-  for b in test_cuda test_wgmma fa_fuzz flashattn-bench flashattn-block-sweep; do
+  for b in test_cuda test_cuda_kv test_wgmma fa_fuzz flashattn-bench flashattn-block-sweep; do
     [ -x "build-gpu/bin/$b" ] && cp "build-gpu/bin/$b" "$tmp/build-gpu/bin/"
   done
   tar czf "$pack" -C "$tmp" build-gpu && rm -rf "$tmp" && ls -la "$pack"
@@ -92,16 +92,31 @@ if [ $run_test = 1 ]; then
   stamp "test_cuda"
   ./build-gpu/bin/test_cuda -v >"$OUT/test_cuda.log" 2>&1 || status=1
   grep -E "^FAIL|passed" "$OUT/test_cuda.log" | tail -30
+  if [ -x build-gpu/bin/test_cuda_kv ]; then
+    stamp "test_cuda_kv (paged KV caches, the KV-cache call)"
+    ./build-gpu/bin/test_cuda_kv >"$OUT/test_cuda_kv.log" 2>&1 || status=1
+    grep -E "^FAIL|passed" "$OUT/test_cuda_kv.log" | tail -30
+  fi
   if [ -x build-gpu/bin/test_wgmma ] && nvidia-smi --query-gpu=compute_cap --format=csv,noheader |
     grep -q '^9\.0'; then
     # a refused tensor map is an error here, not a silent sm_80 fallback
     stamp "test_cuda with FLASHATTN_CUDA_WGMMA=strict (the Hopper kernels, no fallback)"
     FLASHATTN_CUDA_WGMMA=strict ./build-gpu/bin/test_cuda >"$OUT/test_strict.log" 2>&1 || status=1
     grep -E "^FAIL|passed" "$OUT/test_strict.log" | tail -30
+    if [ -x build-gpu/bin/test_cuda_kv ]; then
+      FLASHATTN_CUDA_WGMMA=strict ./build-gpu/bin/test_cuda_kv >"$OUT/test_kv_strict.log" 2>&1 ||
+        status=1
+      grep -E "^FAIL|passed" "$OUT/test_kv_strict.log" | tail -30
+    fi
     if [ $run_sm80 = 1 ]; then
       stamp "test_cuda with FLASHATTN_CUDA_WGMMA=0 (the sm_80 kernels everywhere)"
       FLASHATTN_CUDA_WGMMA=0 ./build-gpu/bin/test_cuda >"$OUT/test_sm80.log" 2>&1 || status=1
       grep -E "^FAIL|passed" "$OUT/test_sm80.log" | tail -30
+      if [ -x build-gpu/bin/test_cuda_kv ]; then
+        FLASHATTN_CUDA_WGMMA=0 ./build-gpu/bin/test_cuda_kv >"$OUT/test_kv_sm80.log" 2>&1 ||
+          status=1
+        grep -E "^FAIL|passed" "$OUT/test_kv_sm80.log" | tail -30
+      fi
     fi
   fi
 fi
@@ -145,6 +160,11 @@ if [ $run_san = 1 ]; then
         >"$OUT/fuzz-$tool.log" 2>&1 || status=1
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^valid|^invalid|^FAIL|^fa_fuzz" \
         "$OUT/fuzz-$tool.log" | cut -c1-300 | tail -6
+    fi
+    if [ -x build-gpu/bin/test_cuda_kv ]; then
+      compute-sanitizer --tool $tool --error-exitcode 3 ./build-gpu/bin/test_cuda_kv --quick \
+        >"$OUT/${tool}_kv.log" 2>&1 || status=1
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|^FAIL|Error" "$OUT/${tool}_kv.log" | tail -5
     fi
   done
 fi

@@ -102,6 +102,10 @@ class FaParams(ctypes.Structure):
         ("stream", ctypes.c_void_p),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
+        ("block_table", ctypes.c_void_p),
+        ("block_table_stride", ctypes.c_int64),
+        ("max_pages_per_seq", ctypes.c_int64),
+        ("num_splits", ctypes.c_int),
     ]
 
 

@@ -135,6 +135,49 @@ static inline char *cpu_row(const cpu_ctx *c, const fa_tensor *t, int64_t b, int
   return (char *)t->data + fa_tensor_offset(t, b, n, h) * (int64_t)c->esize;
 }
 
+/* K and V rows of one K/V head of a sequence, key after key: k and v point
+ * at key j's rows, which continue left - 1 more keys at the tensors' row
+ * strides (to the end of a page when paged, else to the end of the
+ * sequence); cpu_kv_step moves it on. */
+typedef struct cpu_kv_cursor {
+  const cpu_ctx *c;
+  const fa_seq *sq;
+  int64_t hk, j, left, ks, vs; /* ks, vs: the row strides in bytes */
+  const char *k, *v;
+} cpu_kv_cursor;
+
+static inline void cpu_kv_seek(cpu_kv_cursor *cu, int64_t j) {
+  const fa_problem *pb = cu->c->pb;
+  int64_t b, n;
+  cu->left = fa_problem_krow(pb, cu->sq, j, &b, &n);
+  cu->j = j;
+  cu->k = cpu_row(cu->c, &pb->k, b, n, cu->hk);
+  cu->v = cpu_row(cu->c, &pb->v, b, n, cu->hk);
+}
+
+static inline cpu_kv_cursor cpu_kv_at(const cpu_ctx *c, const fa_seq *sq, int64_t hk, int64_t j) {
+  cpu_kv_cursor cu;
+  cu.c = c;
+  cu.sq = sq;
+  cu.hk = hk;
+  cu.ks = c->pb->k.stride_seq * (int64_t)c->esize;
+  cu.vs = c->pb->v.stride_seq * (int64_t)c->esize;
+  cpu_kv_seek(&cu, j);
+  return cu;
+}
+
+/* Steps n keys on. */
+static inline void cpu_kv_step(cpu_kv_cursor *cu, int64_t n) {
+  if (n < cu->left) {
+    cu->left -= n;
+    cu->k += n * cu->ks;
+    cu->v += n * cu->vs;
+    cu->j += n;
+  } else {
+    cpu_kv_seek(cu, cu->j + n);
+  }
+}
+
 /* Panel width of a row-major Dp-column B operand: 2 or 3 vectors, whichever
  * divides D's vectors (the products then run 6x2 or 4x3 register tiles). */
 static inline int cpu_dbw(const cpu_ctx *c) {

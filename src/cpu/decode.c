@@ -179,10 +179,12 @@ static void dec_block(const cpu_ctx *c, dec_bufs *b, dec_head *hd, int64_t hk, i
   /* K and V straight from storage (dec_direct), else converted to float32
    * rows in b->K, b->V first */
   const int direct = dec_direct(c);
-  const int64_t ks = pb->k.stride_seq * (int64_t)c->esize,
-                vs = pb->v.stride_seq * (int64_t)c->esize;
-  const char *k = cpu_row(c, &pb->k, sq->kb, sq->k0 + c0, hk);
-  const char *v = cpu_row(c, &pb->v, sq->kb, sq->k0 + c0, hk);
+  /* the block's rows are consecutive (dec_split cuts blocks at page ends);
+   * prefetches run ahead to kend, the end of their run */
+  const cpu_kv_cursor cu = cpu_kv_at(c, sq, hk, c0);
+  const int64_t ks = cu.ks, vs = cu.vs;
+  const char *k = cu.k, *v = cu.v;
+  kend = cpu_min(kend, c0 + cu.left);
   const fa_dtype kdt = direct ? pb->dtype : FA_DTYPE_F32;
   const int64_t kvs = direct ? 0 : Dp * (int64_t)sizeof(float), npf = direct ? kend - c0 : 0;
   if (!direct)
@@ -231,21 +233,37 @@ static void dec_rows_block(const cpu_ctx *c, const dec_plan *p, const dec_bufs *
    * asked early, it streams every page from its start. One prefetch per two
    * keys at H=8, D=128, f16, not one per line (which was slower); from DRAM
    * +5-7% (f16/bf16/f32, alternating runs, docs/PERF.md CPU F6). */
-  const int64_t pa = cpu_min(khi, c0 + DEC_PAGE_AHEAD + nc) - (c0 + DEC_PAGE_AHEAD);
-  if (pa > 0) {
-    const int64_t ks = pb->k.stride_seq * es, vs = pb->v.stride_seq * es;
-    const char *k = cpu_row(c, &pb->k, sq->kb, sq->k0 + c0 + DEC_PAGE_AHEAD, 0);
-    const char *v = cpu_row(c, &pb->v, sq->kb, sq->k0 + c0 + DEC_PAGE_AHEAD, 0);
-    for (int64_t o = 0; o < pa * ks; o += 4096) __builtin_prefetch(k + o, 0, 2);
-    for (int64_t o = 0; o < pa * vs; o += 4096) __builtin_prefetch(v + o, 0, 2);
+  int64_t j = c0 + DEC_PAGE_AHEAD;
+  const int64_t jend = cpu_min(khi, c0 + DEC_PAGE_AHEAD + nc);
+  if (j < jend) /* in runs of consecutive rows (pages) */
+    for (cpu_kv_cursor pf = cpu_kv_at(c, sq, 0, j);;) {
+      const int64_t n = cpu_min(pf.left, jend - j);
+      for (int64_t o = 0; o < n * pf.ks; o += 4096) __builtin_prefetch(pf.k + o, 0, 2);
+      for (int64_t o = 0; o < n * pf.vs; o += 4096) __builtin_prefetch(pf.v + o, 0, 2);
+      if ((j += n) >= jend) break;
+      cpu_kv_step(&pf, n);
+    }
+  /* The block's K rows, run by run (a paged cache's pages), then its V
+   * rows: long K and V streams, not one page's each in turn (alternating
+   * 32 KiB runs, pages of 16 keys at H=8, D=128, f16, ran 1.35x slower) */
+  cpu_kv_cursor cu = cpu_kv_at(c, sq, 0, c0);
+  for (int64_t j0 = 0;;) {
+    const int64_t n = cpu_min(cu.left, nc - j0);
+    c->kn->dots_rows(p->rall, n, c->Dp, b->Q, c->Dp, cu.k, cu.ks, pb->k.stride_head * es, pb->group,
+                     pb->dtype, b->S + j0 * p->rall8, p->rall8, c->scale);
+    if ((j0 += n) >= nc) break;
+    cpu_kv_step(&cu, n);
   }
-  c->kn->dots_rows(p->rall, nc, c->Dp, b->Q, c->Dp, cpu_row(c, &pb->k, sq->kb, sq->k0 + c0, 0),
-                   pb->k.stride_seq * es, pb->k.stride_head * es, pb->group, pb->dtype, b->S,
-                   p->rall8, c->scale);
   c->kn->softmax_step_cols(b->S, p->rall8, nc, p->rall8, st->m, st->l, b->alpha);
-  c->kn->pv_rows(p->rall, nc, c->Dp, b->S, p->rall8, cpu_row(c, &pb->v, sq->kb, sq->k0 + c0, 0),
-                 pb->v.stride_seq * es, pb->v.stride_head * es, pb->group, pb->dtype, st->O, c->Dp,
-                 b->alpha);
+  cu = cpu_kv_at(c, sq, 0, c0);
+  for (int64_t j0 = 0;;) {
+    const int64_t n = cpu_min(cu.left, nc - j0);
+    c->kn->pv_rows(p->rall, n, c->Dp, b->S + j0 * p->rall8, p->rall8, cu.v, cu.vs,
+                   pb->v.stride_head * es, pb->group, pb->dtype, st->O, c->Dp, b->alpha);
+    if ((j0 += n) >= nc) break;
+    cpu_kv_step(&cu, n);
+    for (int64_t r = 0; r < p->rall8; r++) b->alpha[r] = 1.0f; /* O rescaled once */
+  }
 }
 
 /* Split sp of sequence s, every K/V head: block by block, the heads of a
@@ -301,7 +319,7 @@ static void dec_split(const cpu_ctx *c, const dec_plan *p, dec_bufs *b, char *st
    * host (docs/PERF.md, CPU F2). */
   const int64_t es = c->esize, D = c->D;
   const int whole = Hk > 1 && pb->k.stride_head == D && pb->v.stride_head == D;
-  const int64_t span = Hk * D * es, ks = pb->k.stride_seq * es, vs = pb->v.stride_seq * es;
+  const int64_t span = Hk * D * es;
   for (int64_t c0 = klo; c0 < khi;) {
     const int64_t nr = cpu_min(p->rows_bk, khi - c0);
     if (rowwise && !cpu_tile_partial(&mk, 0, nq, c0, nr)) {
@@ -309,23 +327,30 @@ static void dec_split(const cpu_ctx *c, const dec_plan *p, dec_bufs *b, char *st
       c0 += nr;
       continue;
     }
-    const int64_t nc = cpu_min(DEC_BK, khi - c0);
-    const int64_t n1 = cpu_min(DEC_BK, khi - c0 - DEC_BK); /* next block's keys */
+    /* head-by-head blocks end where a page does: their rows are consecutive */
+    const int64_t run = cpu_kv_at(c, &sq, 0, c0).left;
+    const int64_t nc = cpu_min(cpu_min(DEC_BK, khi - c0), run);
+    const int64_t n1 = cpu_min(DEC_BK, khi - c0 - nc); /* next block's keys, about */
     for (int64_t hk = 0; hk < Hk; hk++) {
       /* K's share before the head's block, V's after it: two bursts half
        * as long, which stall less on full fill buffers */
-      const char *k1 = NULL, *v1 = NULL;
+      cpu_kv_cursor pf;
       const int64_t j0 = hk * n1 / Hk, j1 = (hk + 1) * n1 / Hk;
-      if (whole && n1 > 0) {
-        k1 = cpu_row(c, &pb->k, sq.kb, sq.k0 + c0 + DEC_BK, 0);
-        v1 = cpu_row(c, &pb->v, sq.kb, sq.k0 + c0 + DEC_BK, 0);
-        for (int64_t j = j0; j < j1; j++)
-          for (int64_t o = 0; o < span; o += 64) __builtin_prefetch(k1 + j * ks + o, 0, 2);
+      if (whole && j1 > j0) {
+        pf = cpu_kv_at(c, &sq, 0, c0 + nc + j0);
+        for (int64_t j = j0; j < j1; j++) {
+          for (int64_t o = 0; o < span; o += 64) __builtin_prefetch(pf.k + o, 0, 2);
+          if (j + 1 < j1) cpu_kv_step(&pf, 1);
+        }
       }
       dec_block(c, b, &hd[hk], hk, c0, nc, khi);
-      if (v1)
-        for (int64_t j = j0; j < j1; j++)
-          for (int64_t o = 0; o < span; o += 64) __builtin_prefetch(v1 + j * vs + o, 0, 2);
+      if (whole && j1 > j0) {
+        pf = cpu_kv_at(c, &sq, 0, c0 + nc + j0);
+        for (int64_t j = j0; j < j1; j++) {
+          for (int64_t o = 0; o < span; o += 64) __builtin_prefetch(pf.v + o, 0, 2);
+          if (j + 1 < j1) cpu_kv_step(&pf, 1);
+        }
+      }
     }
     c0 += nc;
   }

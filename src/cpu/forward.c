@@ -55,10 +55,11 @@ typedef struct fwd_sched {
 #define FWD_PACK_MAX ((size_t)64 << 20)
 
 /* The packed K and V of every K/V head (fwd_prepack): K rows of Dp floats,
- * V in panels of vbw columns over all rows of the K tensor, so a tile of
- * either is a pointer, not a copy. Rows are indexed by the K tensor's (batch,
- * row), which also covers varlen's packed sequences. */
-static int64_t fwd_pack_rows(const fa_problem *pb) { return pb->k.batch * pb->k.seqlen; }
+ * V in panels of vbw columns over all rows, so a tile of either is a
+ * pointer, not a copy. Rows are every sequence's keys, sequence after
+ * sequence (fa_seq.kpack0), wherever they lie in K and V (a KV cache's rows,
+ * pages). */
+static int64_t fwd_pack_rows(const fa_problem *pb) { return fa_problem_kpack_rows(pb); }
 static size_t fwd_pack_bytes(const cpu_ctx *c) {
   const int64_t vw = fa_round_up(c->Dp, cpu_dbw(c));
   return (size_t)(c->pb->heads_k * fwd_pack_rows(c->pb) * (c->Dp + vw)) * sizeof(float);
@@ -102,38 +103,43 @@ static fwd_sched fwd_schedule(const cpu_ctx *c) {
   return s;
 }
 
-/* Converts and packs K and V once, in parallel over (batch, block of rows)
- * and, where a row's heads lie apart (head-major), K/V head. Within a block
- * the reads go in address order: with heads inner (BNHD) every row's heads
- * one after another, where packing head by head read rows a head-stride
- * apart, each on its own page (D=64 f32 causal forward: 2.6% of the time).
- * A fixed-length batch's KV cache (seqused_k) packs only its used rows. */
+/* Converts and packs K and V once, in parallel over (sequence, block of its
+ * keys) and, where a row's heads lie apart (head-major), K/V head. Within a
+ * block the reads go in address order: with heads inner (BNHD) every row's
+ * heads one after another, where packing head by head read rows a
+ * head-stride apart, each on its own page (D=64 f32 causal forward: 2.6% of
+ * the time). Only the keys a sequence reads are packed (a KV cache's used
+ * rows). */
 static void fwd_prepack(const cpu_ctx *c, float *pack, int nt) {
   const fa_problem *pb = c->pb;
-  const int64_t S = pb->k.seqlen, rows = fwd_pack_rows(pb), blk = 512, Hk = pb->heads_k;
+  const int64_t rows = fwd_pack_rows(pb), blk = 512, Hk = pb->heads_k, B = pb->batch;
   const int heads_inner =
       pb->k.stride_head < pb->k.stride_seq && pb->v.stride_head < pb->v.stride_seq;
   const int64_t hu = heads_inner ? 1 : Hk; /* heads split over units */
-  const int64_t nblk = cpu_cdiv(S, blk), units = hu * pb->k.batch * nblk;
+  const int64_t nblk = cpu_cdiv(cpu_max(1, pb->max_seqlen_k), blk), units = hu * B * nblk;
   const int vbw = cpu_dbw(c);
-  const int64_t ks = pb->k.stride_seq * (int64_t)c->esize,
-                vs = pb->v.stride_seq * (int64_t)c->esize;
+  const int64_t khs = pb->k.stride_head * (int64_t)c->esize,
+                vhs = pb->v.stride_head * (int64_t)c->esize;
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t w = 0; w < units; w++) {
-    const int64_t kb = w / nblk % pb->k.batch, r0 = w % nblk * blk;
-    const int32_t *used = pb->varlen ? NULL : pb->params->seqused_k;
-    const int64_t nr = cpu_min(blk, (used ? used[kb] : S) - r0);
+    const int64_t s = w / nblk % B, r0 = w % nblk * blk;
+    const fa_seq sq = fa_problem_seq(pb, s);
+    const int64_t nr = cpu_min(blk, sq.nk - r0);
     if (nr <= 0) continue;
-    const int64_t h0 = heads_inner ? 0 : w / (pb->k.batch * nblk), h1 = heads_inner ? Hk : h0 + 1;
-    const int64_t step = heads_inner ? 1 : nr; /* rows per load */
-    for (int64_t r = r0; r < r0 + nr; r += step)
+    const int64_t h0 = heads_inner ? 0 : w / (B * nblk), h1 = heads_inner ? Hk : h0 + 1;
+    cpu_kv_cursor cu = cpu_kv_at(c, &sq, 0, r0); /* head 0's rows */
+    for (int64_t r = r0; r < r0 + nr;) {
+      /* rows per load: one row's heads, or a run of one head's rows */
+      const int64_t step = heads_inner ? 1 : cpu_min(cu.left, r0 + nr - r), g = sq.kpack0 + r;
       for (int64_t hk = h0; hk < h1; hk++) {
-        const int64_t g = kb * S + r;
-        c->kn->load_panels(fwd_pack_k(c, pack, hk) + g * c->Dp, (int)c->Dp, 0,
-                           cpu_row(c, &pb->k, kb, r, hk), ks, pb->dtype, step, c->D);
-        c->kn->load_panels(fwd_pack_v(c, pack, hk) + g * vbw, vbw, rows * vbw,
-                           cpu_row(c, &pb->v, kb, r, hk), vs, pb->dtype, step, c->D);
+        c->kn->load_panels(fwd_pack_k(c, pack, hk) + g * c->Dp, (int)c->Dp, 0, cu.k + hk * khs,
+                           cu.ks, pb->dtype, step, c->D);
+        c->kn->load_panels(fwd_pack_v(c, pack, hk) + g * vbw, vbw, rows * vbw, cu.v + hk * vhs,
+                           cu.vs, pb->dtype, step, c->D);
       }
+      r += step;
+      if (r < r0 + nr) cpu_kv_step(&cu, step);
+    }
   }
 }
 
@@ -177,28 +183,32 @@ static void fwd_load_kv(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_
    * contiguous, which the hardware prefetcher follows; software prefetches of
    * every line of the next tile cost D=256 GQA 2%. */
   if (b->pack) {
-    const int64_t g = u->sq.kb * pb->k.seqlen + u->sq.k0 + c0;
+    const int64_t g = u->sq.kpack0 + c0;
     b->Ka = fwd_pack_k(c, b->pack, u->hk) + g * c->Dp;
     b->Va = fwd_pack_v(c, b->pack, u->hk) + g * vbw;
     b->va_ps = fwd_pack_rows(pb) * vbw;
     return;
   }
-  const int64_t ks = pb->k.stride_seq * (int64_t)c->esize,
-                vs = pb->v.stride_seq * (int64_t)c->esize;
   const int64_t bytes = c->D * (int64_t)c->esize;
-  const char *k = cpu_row(c, &pb->k, u->sq.kb, u->sq.k0 + c0, u->hk);
-  const char *v = cpu_row(c, &pb->v, u->sq.kb, u->sq.k0 + c0, u->hk);
   b->Ka = b->K;
   b->Va = b->V;
   b->va_ps = c->bc * vbw;
+  /* this tile's rows, and the next tile's (pages: each cursor crosses them) */
+  cpu_kv_cursor cu = cpu_kv_at(c, &u->sq, u->hk, c0);
+  cpu_kv_cursor pf = cu;
+  const int ahead = c0 + c->bc < khi;
+  if (ahead) cpu_kv_step(&pf, c->bc);
   for (int64_t j = 0; j < nc; j++) {
-    if (c0 + c->bc + j < khi)
+    if (ahead && c0 + c->bc + j < khi) {
       for (int64_t o = 0; o < bytes; o += 64) {
-        __builtin_prefetch(k + (c->bc + j) * ks + o);
-        __builtin_prefetch(v + (c->bc + j) * vs + o);
+        __builtin_prefetch(pf.k + o);
+        __builtin_prefetch(pf.v + o);
       }
-    c->kn->load_panels(b->K + j * c->Dp, (int)c->Dp, 0, k + j * ks, ks, pb->dtype, 1, c->D);
-    c->kn->load_panels(b->V + j * vbw, vbw, c->bc * vbw, v + j * vs, vs, pb->dtype, 1, c->D);
+      if (c0 + c->bc + j + 1 < khi) cpu_kv_step(&pf, 1);
+    }
+    c->kn->load_panels(b->K + j * c->Dp, (int)c->Dp, 0, cu.k, cu.ks, pb->dtype, 1, c->D);
+    c->kn->load_panels(b->V + j * vbw, vbw, c->bc * vbw, cu.v, cu.vs, pb->dtype, 1, c->D);
+    if (j + 1 < nc) cpu_kv_step(&cu, 1);
   }
 }
 

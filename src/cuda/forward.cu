@@ -26,6 +26,7 @@
 #include <cuda_runtime.h>
 #include <limits.h>
 #include <math.h>
+#include <string.h>
 
 #include <algorithm>
 #include <vector>
@@ -89,8 +90,16 @@ static int fwd_pack(const fa_problem *pb) {
 #define FA_SPLIT_KEYS 256
 #endif
 static int fwd_splits(const fa_problem *pb) {
+  if (!is_flash(pb)) return 1;
+  /* params.num_splits: as asked, within the sm_80 grid's y extent (heads_q
+   * * splits, at most 65535) and one key tile (32 keys at least) a split */
+  const int ask = pb->params->num_splits;
+  if (ask > 0) {
+    int64_t most = std::min<int64_t>(65535 / pb->heads_q, (pb->max_seqlen_k + 31) / 32);
+    return (int)std::max<int64_t>(1, std::min<int64_t>(ask, most));
+  }
   /* the sm_80 grid's y extent is heads_q * splits (at most 65535) */
-  if (!is_flash(pb) || pb->max_seqlen_q > 64 || pb->heads_q > 65535 / 32) return 1;
+  if (pb->max_seqlen_q > 64 || pb->heads_q > 65535 / 32) return 1;
   const int64_t sms = 132; /* an H100's */
   /* blocks without a split: (sequence, K/V head) pairs when packed, each of
    * ceil(max_seqlen_q / rows per head) blocks */
@@ -153,9 +162,23 @@ fa_status flash_dispatch(fa::FwdArgs a, cudaStream_t s) {
       a.d, [&](auto dp) { return fa::flash_fwd_launch<T, decltype(dp)::value>(a, s); });
 }
 
+/* Programmatic dependent launches (compute capability 9.0 and up). */
+static bool pdl_device() {
+  static int cached[64]; /* per device: 0 unknown, 1 yes, 2 no */
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  if (!cached[dev]) {
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cached[dev] = major >= 9 ? 1 : 2;
+  }
+  return cached[dev] == 1;
+}
+
 fa_status flash_forward(const fa_problem *pb) {
   const fa_params *pr = pb->params;
   fa::FwdArgs a;
+  memset(&a, 0, sizeof a);
   a.o = pb->o.data;
   a.lse = pb->lse;
   a.o_sb = pb->o.stride_batch, a.o_ss = pb->o.stride_seq, a.o_sh = pb->o.stride_head;
@@ -168,6 +191,13 @@ fa_status flash_forward(const fa_problem *pb) {
   a.part_lse = (float *)parts;
   a.part_o = (float *)(parts + fwd_lse_part_bytes(pb, a.nsplit));
   cudaStream_t s = (cudaStream_t)pr->stream;
+  /* the KV-cache call: its preparation (rotated q, appended rows) first; the
+   * attention launches as its programmatic dependent where the GPU can */
+  if (pb->kv && (pb->kv->rotary_cos || pb->k_new.data)) {
+    a.pdl = pdl_device();
+    const fa_status st = fa::kvcache_prepare(pb, s);
+    if (st != FA_OK) return st;
+  }
 #ifdef FA_HAVE_SM90A
   if (fa::sm90_device() && fa::sm90_forward_covers(a)) {
     const fa_status st = pb->dtype == FA_DTYPE_F16 ? fa::sm90_forward<__half>(a, s)
@@ -458,8 +488,27 @@ fa_status fa_cuda_check(const fa_problem *pb, fa_pass pass) {
   if (pb->dtype != FA_DTYPE_F16 && pb->dtype != FA_DTYPE_BF16)
     return fa_set_error(FA_ERR_UNSUPPORTED,
                         "cuda: only f16 and bf16 storage are supported on CUDA");
-  if (pb->q.seqlen > INT_MAX || pb->k.seqlen > INT_MAX || pb->batch * pb->heads_q > INT_MAX)
+  if (pb->q.seqlen > INT_MAX || pb->k.seqlen > INT_MAX || pb->batch * pb->heads_q > INT_MAX ||
+      pb->k.batch > INT_MAX)
     return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: seqlen and batch*heads must fit in 32 bits");
+  if ((pb->page_size || pb->kv) && !is_flash(pb))
+    return fa_set_error(FA_ERR_UNSUPPORTED,
+                        "cuda: paged KV caches and the KV-cache call run on the flash kernels "
+                        "(FA_ALGO_FLASH2), not FA_ALGO_STANDARD");
+  if (pb->page_size && (pb->params->dropout_p > 0 || pb->params->block_mask))
+    return fa_set_error(FA_ERR_UNSUPPORTED,
+                        "cuda: a paged KV cache (params.block_table) takes no dropout or block "
+                        "mask on CUDA");
+  if (pb->page_size || pb->kv) { /* read and written in place: no padded copies */
+    const fa_tensor *ts[3] = {&pb->q, &pb->k, &pb->v};
+    const char *nm[3] = {"q", "k", "v"};
+    for (int i = 0; i < 3; i++)
+      if (!rows_aligned(ts[i]))
+        return fa_set_error(FA_ERR_UNSUPPORTED,
+                            "cuda: paged KV caches and the KV-cache call need %s 16-byte aligned "
+                            "with strides that are multiples of 8 elements",
+                            nm[i]);
+  }
   if (is_flash(pb) && pass != FA_PASS_PROBS) {
     if (pb->heads_q > fa::kFwdMaxGridYZ || pb->batch > fa::kFwdMaxGridYZ)
       return fa_set_error(FA_ERR_UNSUPPORTED,

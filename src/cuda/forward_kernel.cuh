@@ -48,6 +48,14 @@ struct AttnArgs {
   int64_t alibi_sb;
   const int32_t *cu_q, *cu_k;
   const int32_t *used_k; /* KV cache: the keys each sequence uses (NULL: all) */
+  /* The forward's KV caches (seq_view<KV>, load_tile_paged): the KV-cache call's
+   * left padding and batch indices (NULL: 0 and b) and new rows (used_add,
+   * added to used_k); a paged cache's table (NULL: not paged), row stride and
+   * page size. nk is then a sequence's rows (pages x page size), kv_batch
+   * k's batch (the pages). */
+  const int32_t *k_start, *k_batch, *block_table;
+  int used_add, kv_batch, page;
+  int64_t bt_stride;
   int causal, window_enabled;
   int64_t window_left, window_right;
   /* A shard (fa_params.shard_enabled; never varlen): row i's diagonal key is
@@ -109,6 +117,9 @@ struct FwdArgs : AttnArgs {
    * row r % 2^pack_log2 of head r >> pack_log2. pack = 1: a block is one
    * head's. */
   int pack, pack_log2;
+  /* 1: launched as a programmatic dependent of the KV-cache call's
+   * preparation kernel (kvcache.cu), which the kernel then waits for */
+  int pdl;
 };
 
 /* log2 of the query rows per head in a decode block of br rows (br a power
@@ -246,15 +257,23 @@ struct SeqView {
   int64_t qb, q0, kb, k0, lse0, lse_hs;
   int nq, nk;
 };
+/* The forward's KV caches, what a kernel takes of AttnArgs' fields for them
+ * (bits; the fewer, the fewer registers): the new rows (used_add), a paged
+ * cache (varlen: keys from 0, at most nk), left padding and batch indices. */
+enum { kSeqAdd = 1, kSeqPaged = 2, kSeqRows = 4, kSeqAll = 7 };
+template <int KV = 0>
 __device__ __forceinline__ SeqView seq_view(const AttnArgs &p, int b) {
+  constexpr bool PAGED = KV & kSeqPaged, ROWS = KV & kSeqRows;
   SeqView v;
+  int lp = 0; /* left padding */
   if (p.cu_q) {
     const int q0 = p.cu_q[b], k0 = p.cu_k[b];
     v.qb = v.kb = 0;
     v.q0 = q0;
-    v.k0 = k0;
+    v.k0 = PAGED && p.block_table ? 0 : k0;
     v.nq = p.cu_q[b + 1] - q0;
     v.nk = p.cu_k[b + 1] - k0;
+    if (PAGED && p.block_table) v.nk = min(v.nk, p.nk); /* a sequence's pages hold nk keys */
     v.lse0 = q0;
     v.lse_hs = p.total_q;
   } else {
@@ -262,12 +281,28 @@ __device__ __forceinline__ SeqView seq_view(const AttnArgs &p, int b) {
     v.q0 = v.k0 = 0;
     v.nq = p.nq;
     v.nk = p.nk;
+    if (ROWS) { /* clamped into range: device memory, so the host could not check it */
+      if (p.k_batch) v.kb = min(max(p.k_batch[b], 0), p.kv_batch - 1);
+      if (p.k_start) lp = min(max(p.k_start[b], 0), p.nk);
+      v.k0 = lp;
+      v.nk = p.nk - lp;
+    }
     v.lse0 = (int64_t)b * p.heads_q * p.nq;
     v.lse_hs = p.nq;
   }
   /* clamped to [0, nk]: device memory, so the host could not check it */
-  if (p.used_k) v.nk = min(v.nk, max(0, p.used_k[b]));
+  if (p.used_k) v.nk = min(v.nk, max(0, p.used_k[b] + (KV & kSeqAdd ? p.used_add - lp : 0)));
   return v;
+}
+
+/* Sequence b's row of a paged cache's table. */
+__device__ __forceinline__ const int32_t *page_row(const AttnArgs &p, int b) {
+  return p.block_table + (int64_t)b * p.bt_stride;
+}
+/* The page holding key j of a sequence (pages: its table row), clamped to
+ * the pools' pages (device memory, which the host could not check). */
+__device__ __forceinline__ int page_of(const AttnArgs &p, const int32_t *pages, int j) {
+  return min(max(__ldg(pages + j / p.page), 0), p.kv_batch - 1);
 }
 
 /* The key tiles (BC keys) of query rows [r0, r0 + rows): tiles [n_begin,
@@ -357,6 +392,35 @@ __device__ __forceinline__ void load_tile(T *s, const T *g, int64_t stride, int 
   }
 }
 
+/* load_tile for the K or V rows of a paged cache: tile row r is key c0 + r
+ * of a sequence whose table row is pages, at base + page x page_stride +
+ * (key % page size) x stride (base: the K/V head's first row of page 0). */
+template <typename T, int ROWS, int D, int NT>
+__device__ __forceinline__ void load_tile_paged(T *s, const T *base, int64_t page_stride,
+                                                int64_t stride, const AttnArgs &p,
+                                                const int32_t *pages, int c0, int valid_rows, int d,
+                                                int tid) {
+  constexpr int CPR = D / 8, LD = D + 8, RS = NT / CPR, ITERS = (ROWS + RS - 1) / RS;
+  const int row0 = tid / CPR, ch = tid % CPR;
+  if (NT % CPR != 0 && row0 >= RS) return; /* idle lanes when CPR does not divide NT */
+  int cb = (d - ch * 8) * 2;
+  cb = cb > 16 ? 16 : (cb < 0 ? 0 : cb);
+  const uint32_t dst = smem_addr(s + row0 * LD + ch * 8);
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int row = row0 + it * RS;
+    if (ROWS % RS == 0 || row < ROWS) {
+      const T *src = base; /* rows past the keys: zeros, their table entries unread */
+      if (row < valid_rows) {
+        const int j = c0 + row, pg = j / p.page;
+        src = base + (int64_t)page_of(p, pages, j) * page_stride +
+              (int64_t)(j - pg * p.page) * stride + ch * 8;
+      }
+      cp_async16(dst + it * RS * LD * (int)sizeof(T), src, row < valid_rows ? cb : 0);
+    }
+  }
+}
+
 /* Element offset of row r's 8-column chunk c in a staging tile of rows of D
  * with the chunks XOR-swizzled by r % 8: a warp's fragment rows g = 0..7
  * then write 32 different banks, with no padding (D a multiple of 64). */
@@ -396,9 +460,16 @@ __device__ __forceinline__ const uint8_t *bmask_head(const AttnArgs &p, int b, i
 /* XF: the score transform (softcap, ALiBi, any scale). EXT (implies XF):
  * dropout and block-sparse masks; tiles whose blocks are all zero are never
  * loaded. */
-template <typename T, int D, int MT, int NW, int BC, bool QREG, bool XF, bool EXT>
+template <typename T, int D, int MT, int NW, int BC, bool QREG, bool XF, bool EXT,
+          bool PAGED = false>
 __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const FwdArgs p) {
   static_assert(!EXT || XF, "EXT kernels take the general score path");
+  static_assert(!(EXT && PAGED), "paged caches take no dropout or block mask");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  /* launched as a programmatic dependent: the KV-cache call's preparation
+   * (rotated q, appended rows) must be done */
+  if (p.pdl) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   constexpr int BR = 16 * MT * NW, NT = NW * 32, LD = D + 8;
   constexpr float LOG2E = FA_LOG2E;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -412,7 +483,7 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
   /* grid y: (head, key split) pairs; one split unless FwdArgs::nsplit > 1 */
   const int b = blockIdx.z, h = blockIdx.y / p.nsplit, sp = blockIdx.y - h * p.nsplit;
   const int m_block = gridDim.x - 1 - blockIdx.x;
-  const SeqView sv = seq_view(p, b);
+  const SeqView sv = seq_view<kSeqAll>(p, b);
   const int nq = sv.nq, nk = sv.nk;
   const int r0 = m_block * BR;
   if (r0 >= nq) return;
@@ -450,16 +521,24 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
   int cls = kTileAll;
 
   const T *gQ = (const T *)p.q + sv.qb * p.q_sb + (sv.q0 + r0) * p.q_ss + h * p.q_sh;
-  const T *gK = (const T *)p.k + sv.kb * p.k_sb + sv.k0 * p.k_ss + hk * p.k_sh;
-  const T *gV = (const T *)p.v + sv.kb * p.v_sb + sv.k0 * p.v_ss + hk * p.v_sh;
+  /* paged: gK, gV are the K/V head's row 0 of page 0; the rows come from
+   * the sequence's table row */
+  const T *gK = (const T *)p.k + (PAGED ? 0 : sv.kb * p.k_sb + sv.k0 * p.k_ss) + hk * p.k_sh;
+  const T *gV = (const T *)p.v + (PAGED ? 0 : sv.kb * p.v_sb + sv.k0 * p.v_ss) + hk * p.v_sh;
+  const int32_t *pages = PAGED ? page_row(p, b) : nullptr;
+  /* keys [c0, c0 + valid) of K or V (g: gK or gV) into a tile */
+  auto load_kv = [&](T *dst, const T *g, int64_t sb, int64_t ss, int c0, int valid) {
+    if constexpr (PAGED)
+      load_tile_paged<T, BC, D, NT>(dst, g, sb, ss, p, pages, c0, valid, p.d, tid);
+    else
+      load_tile<T, BC, D, NT>(dst, g + (int64_t)c0 * ss, ss, valid, p.d, tid);
+  };
 
   int n = n_end - 1, n_next;
   if constexpr (EXT)
     if (bm) n = n_end - 1 - skip.next(0, n_end - n_begin, walk, &cls);
   load_tile<T, BR, D, NT>(sQ, gQ, p.q_ss, rows, p.d, tid);
-  if (n >= n_begin)
-    load_tile<T, BC, D, NT>(sK, gK + (int64_t)n * BC * p.k_ss, p.k_ss, min(BC, nk - n * BC), p.d,
-                            tid);
+  if (n >= n_begin) load_kv(sK, gK, p.k_sb, p.k_ss, n * BC, min(BC, nk - n * BC));
   cp_async_commit();
 
   const int wrow = warp * MT * 16; /* first row of this warp inside the block */
@@ -507,7 +586,7 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
     const int c0 = n * BC;
     cp_async_wait<0>();
     __syncthreads(); /* K_n landed; every warp is done with V_{n+1} */
-    load_tile<T, BC, D, NT>(sV, gV + (int64_t)c0 * p.v_ss, p.v_ss, min(BC, nk - c0), p.d, tid);
+    load_kv(sV, gV, p.v_sb, p.v_ss, c0, min(BC, nk - c0));
     cp_async_commit();
 
     float acc_s[MT][BC / 8][4];
@@ -607,8 +686,7 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
     n_next = n - 1; /* a full tile: only the last one is ragged */
     if constexpr (EXT)
       if (bm) n_next = n_end - 1 - skip.next(n_end - n, n_end - n_begin, walk, &cls);
-    if (n_next >= n_begin)
-      load_tile<T, BC, D, NT>(sK, gK + (int64_t)n_next * BC * p.k_ss, p.k_ss, BC, p.d, tid);
+    if (n_next >= n_begin) load_kv(sK, gK, p.k_sb, p.k_ss, n_next * BC, BC);
     cp_async_commit();
 
     /* O += P V, P straight from the S accumulators (C layout == A layout). */
@@ -642,7 +720,7 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
   /* Normalise, write lse, stage O through shared memory for 16-byte stores. */
   __syncthreads(); /* every warp is done with sQ/sK/sV */
   /* Output addresses are rebuilt here rather than kept live through the loop. */
-  const SeqView so = seq_view(p, blockIdx.z);
+  const SeqView so = seq_view<kSeqAll>(p, blockIdx.z);
   const int ho = blockIdx.y / p.nsplit, ro = (gridDim.x - 1 - blockIdx.x) * BR;
   const int rows_o = min(BR, so.nq - ro);
   float *lse_row = p.lse + so.lse0 + ho * so.lse_hs + ro;
@@ -750,11 +828,12 @@ __global__ void __launch_bounds__(256) fwd_combine_kernel(const FwdArgs p) {
  * previous kernel has executed griddepcontrol.launch_dependents (or ended),
  * taking the SMs that kernel's last blocks free. */
 template <typename... P, typename... A>
-fa_status launch_dependent(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream,
-                           bool pdl, A &&...args) {
+fa_status launch_dependent_smem(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
+                                cudaStream_t stream, bool pdl, A &&...args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -764,6 +843,11 @@ fa_status launch_dependent(void (*kernel)(P...), dim3 grid, dim3 block, cudaStre
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
   if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
   return launch_status();
+}
+template <typename... P, typename... A>
+fa_status launch_dependent(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream,
+                           bool pdl, A &&...args) {
+  return launch_dependent_smem(kernel, grid, block, 0, stream, pdl, std::forward<A>(args)...);
 }
 
 /* The combine after a split forward; pdl: as a programmatic dependent launch
@@ -785,22 +869,40 @@ fa_status flash_fwd_launch(const FwdArgs &a, cudaStream_t stream) {
    * for the widest head dims, whose accumulators leave no registers spare */
   constexpr int XBC = D >= 96 ? 32 : C::BC;
   const size_t smem = (size_t)(BR + 2 * (ext ? XBC : C::BC)) * (D + 8) * sizeof(T) + (ext ? 256 : 0);
-  const int kind = ext ? 2 : a.cap_log2 > 0.f || a.alibi != NULL || !(a.scale_log2 > 0.f);
-  auto kernel = kind == 2   ? flash_fwd_kernel<T, D, C::MT, C::NW, XBC, C::QREG, true, true>
-                : kind == 1 ? flash_fwd_kernel<T, D, C::MT, C::NW, C::BC, C::QREG, true, false>
-                            : flash_fwd_kernel<T, D, C::MT, C::NW, C::BC, C::QREG, false, false>;
-  static bool attr_done[3] = {false, false, false};
+  /* 0: plain scores, 1: transformed, 2: EXT; + 3: a paged cache (no EXT) */
+  const int kind = (ext ? 2 : a.cap_log2 > 0.f || a.alibi != NULL || !(a.scale_log2 > 0.f)) +
+                   (a.block_table && !ext ? 3 : 0);
+  constexpr int MT = C::MT, NW = C::NW, BC = C::BC;
+  constexpr bool QR = C::QREG;
+  /* paged kernels at the library's tile shapes only (the block-size
+   * experiment's other shapes would spill some) */
+  constexpr bool PG = std::is_same<C, FwdTraits<D>>::value;
+  if (!PG && kind >= 3)
+    return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: paged caches at the library's tile shapes only");
+  auto kernel = kind == 2   ? flash_fwd_kernel<T, D, MT, NW, XBC, QR, true, true>
+                : kind == 1 ? flash_fwd_kernel<T, D, MT, NW, BC, QR, true, false>
+                : kind == 0 ? flash_fwd_kernel<T, D, MT, NW, BC, QR, false, false>
+                : kind == 4 ? flash_fwd_kernel<T, D, MT, NW, BC, QR, true, false, PG>
+                            : flash_fwd_kernel<T, D, MT, NW, BC, QR, false, false, PG>;
+  static bool attr_done[5] = {false, false, false, false, false};
   fa_status st = smem_limit_once(kernel, smem, attr_done[kind]);
   if (st != FA_OK) return st;
   const dim3 grid((unsigned)((a.max_seqlen_q + BR - 1) / BR), (unsigned)(a.heads_q * a.nsplit),
                   (unsigned)a.batch);
   FwdArgs args = a;
   args.ext_split_tiles = ((a.max_seqlen_k + XBC - 1) / XBC + a.nsplit - 1) / a.nsplit;
-  kernel<<<grid, C::NW * 32, smem, stream>>>(args);
-  if (a.nsplit == 1) return launch_status();
-  if ((st = launch_status()) != FA_OK) return st;
+  if (a.pdl)
+    st = launch_dependent_smem(kernel, grid, dim3(C::NW * 32), smem, stream, true, args);
+  else
+    kernel<<<grid, C::NW * 32, smem, stream>>>(args);
+  if (a.nsplit == 1) return a.pdl ? st : launch_status();
+  if ((st = a.pdl ? st : launch_status()) != FA_OK) return st;
   return fwd_combine_launch<T, D>(a, stream, false);
 }
+
+/* The KV-cache call's preparation (kvcache.cu): q rotated into its copy, the
+ * new rows appended, in stream order before the attention. */
+fa_status kvcache_prepare(const fa_problem *pb, cudaStream_t stream);
 
 /* Block rows of every configuration (the grid's y extent is max_seqlen_q / this). */
 constexpr int kFwdMaxGridYZ = 65535; /* heads_q and batch (num_seqs) are grid y and z */

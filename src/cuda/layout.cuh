@@ -40,7 +40,7 @@ inline void fill_common_args(AttnArgs &a, const fa_problem *pb) {
   a.k_sb = pb->k.stride_batch, a.k_ss = pb->k.stride_seq, a.k_sh = pb->k.stride_head;
   a.v_sb = pb->v.stride_batch, a.v_ss = pb->v.stride_seq, a.v_sh = pb->v.stride_head;
   a.nq = (int)pb->q.seqlen;
-  a.nk = (int)pb->k.seqlen;
+  a.nk = (int)pb->k_cap; /* k's seqlen, or a paged sequence's pages x page size */
   a.batch = (int)pb->batch;
   a.heads_q = (int)pb->heads_q;
   a.group = (int)pb->group;
@@ -56,7 +56,14 @@ inline void fill_common_args(AttnArgs &a, const fa_problem *pb) {
   a.alibi_sb = pr->alibi_stride_batch;
   a.cu_q = pb->varlen ? pr->cu_seqlens_q : NULL;
   a.cu_k = pb->varlen ? pr->cu_seqlens_k : NULL;
-  a.used_k = pr->seqused_k;
+  a.used_k = pb->k_used; /* seqused_k, or the KV-cache call's cache_seqlens */
+  a.used_add = (int)pb->k_used_add;
+  a.k_start = pb->k_start;
+  a.k_batch = pb->k_batch;
+  a.kv_batch = (int)pb->k.batch;
+  a.block_table = pb->block_table;
+  a.bt_stride = pb->block_table_stride;
+  a.page = (int)pb->page_size;
   a.causal = pr->causal;
   a.window_enabled = pr->window_enabled;
   a.window_left = pr->window_left;

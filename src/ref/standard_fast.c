@@ -214,6 +214,34 @@ static void sf_load_rows_t(const fa_problem *pb, const fa_kern *kn, float *dst, 
                     t->stride_seq * (int64_t)fa_dtype_bytes(pb->dtype), pb->dtype, n, pb->headdim);
 }
 
+/* Keys [0, nk) of sequence sq, head hk, of K or V (t) wherever their rows lie (a
+ * cache's rows, a paged cache's pages: fa_problem_krow), in runs of consecutive rows:
+ * as float32 rows of Dp (transposed 0), or into K^T's 16-wide panels (transposed 1). */
+static void sf_load_keys(const fa_problem *pb, const fa_kern *kn, float *dst, const fa_tensor *t,
+                         const fa_seq *sq, int64_t hk, int transposed) {
+  const int64_t D = pb->headdim, Dp = fa_round_up(D, FA_VL), nk = sq->nk;
+  for (int64_t j = 0; j < nk;) {
+    int64_t kb, kr, n = fa_problem_krow(pb, sq, j, &kb, &kr);
+    if (n > nk - j) n = nk - j;
+    if (!transposed) {
+      sf_load_rows(pb, kn, dst + j * Dp, t, kb, kr, hk, n);
+    } else if (j % 16 == 0) {
+      sf_load_rows_t(pb, kn, dst + j * D, t, kb, kr, hk, n);
+    } else { /* a run starting inside a panel: row by row */
+      float row[FA_MAX_HEADDIM];
+      for (int64_t r = 0; r < n; r++) {
+        fa_load_row_f32(row, sf_row(pb, t, kb, kr + r, hk), pb->dtype, D);
+        const int64_t jr = j + r;
+        for (int64_t d = 0; d < D; d++) dst[jr / 16 * 16 * D + d * 16 + jr % 16] = row[d];
+      }
+    }
+    j += n;
+  }
+  if (transposed) /* K^T's last panel past the keys: 0 */
+    for (int64_t jr = nk; jr < fa_round_up(nk, 16); jr++)
+      for (int64_t d = 0; d < D; d++) dst[jr / 16 * 16 * D + d * 16 + jr % 16] = 0.0f;
+}
+
 /* Columns [*c0, *c1) of rows [i0, i0+n): the 16-wide panels that hold their
  * visible keys (row ranges are non-decreasing in the row). */
 static void sf_band(const int32_t *lo, const int32_t *hi, int64_t i0, int64_t n, int64_t *c0,
@@ -364,8 +392,7 @@ static const fa_seq *sf_begin(const fa_problem *pb, int bwd, const sf_item *w, s
 static void sf_load_qk(const fa_problem *pb, const fa_kern *kn, const sf_item *w, sf_bufs *b) {
   const fa_seq *sq = &w->sq;
   sf_load_rows(pb, kn, b->Q, &pb->q, sq->qb, sq->q0 + w->r0, w->h, w->r1 - w->r0);
-  if (sq->nk > 0)
-    sf_load_rows_t(pb, kn, b->KT, &pb->k, sq->kb, sq->k0, sf_kv_head(pb, w->h), sq->nk);
+  if (sq->nk > 0) sf_load_keys(pb, kn, b->KT, &pb->k, sq, sf_kv_head(pb, w->h), 1);
 }
 
 /* ---- forward: S, then P, then O, each a pass over the whole batch ---------- */
@@ -403,7 +430,7 @@ static void sf_rows_product(const fa_problem *pb, const fa_kern *kn, const sf_it
                             const fa_tensor *dst, float scale) {
   const fa_seq *sq = &w->sq;
   const int64_t D = pb->headdim, Dp = fa_round_up(D, FA_VL), nkp = fa_round_up(sq->nk, 16);
-  if (sq->nk > 0) sf_load_rows(pb, kn, X, x, sq->kb, sq->k0, sf_kv_head(pb, w->h), sq->nk);
+  if (sq->nk > 0) sf_load_keys(pb, kn, X, x, sq, sf_kv_head(pb, w->h), 0);
   sf_gemm_nd(pb, kn, out, 0, w->r1 - w->r0, sq->nk, M + w->r0 * nkp, nkp, 1, X, b->lo + w->r0,
              b->hi + w->r0, b->lo2, b->hi2);
   for (int64_t i = w->r0; i < w->r1; i++)

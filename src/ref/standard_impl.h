@@ -46,11 +46,15 @@ static const char *SFX(ref_row)(const fa_tensor *t, int64_t b, int64_t n, int64_
   return (const char *)t->data + fa_tensor_offset(t, b, n, h) * (int64_t)fa_dtype_bytes(t->dtype);
 }
 
-/* Loads rows [r0, r0+n) of head h of a K/V-shaped tensor into dst (n x D). */
-static void SFX(ref_load_rows)(REAL *dst, const fa_tensor *t, int64_t b, int64_t r0, int64_t n,
-                               int64_t h) {
-  for (int64_t r = 0; r < n; r++)
-    LOAD_ROW(dst + r * t->headdim, SFX(ref_row)(t, b, r0 + r, h), t->dtype, t->headdim);
+/* Loads the rows of keys [0, n) of sequence sq, head h, of K or V (t) into
+ * dst (n x D), wherever they lie (fa_problem_krow: a cache's rows, pages). */
+static void SFX(ref_load_rows)(REAL *dst, const fa_problem *pb, const fa_tensor *t,
+                               const fa_seq *sq, int64_t n, int64_t h) {
+  for (int64_t r = 0; r < n; r++) {
+    int64_t b, row;
+    fa_problem_krow(pb, sq, r, &b, &row);
+    LOAD_ROW(dst + r * t->headdim, SFX(ref_row)(t, b, row, h), t->dtype, t->headdim);
+  }
 }
 
 static REAL SFX(ref_slope)(const fa_problem *pb, int64_t s, int64_t h) {
@@ -125,7 +129,7 @@ static REAL *SFX(ref_head_probs)(const fa_problem *pb, int64_t u, size_t slice, 
   REAL *kb = p + (size_t)pb->max_seqlen_q * (size_t)pb->max_seqlen_k;
   REAL *qrow = kb + kd_rows * pb->max_seqlen_k * D;
   float *lse = with_lse ? pb->lse + sq->lse0 + h * sq->lse_head_stride : NULL;
-  SFX(ref_load_rows)(kb, &pb->k, sq->kb, sq->k0, sq->nk, h / pb->group);
+  SFX(ref_load_rows)(kb, pb, &pb->k, sq, sq->nk, h / pb->group);
   const REAL slope = SFX(ref_slope)(pb, s, h);
   SFX(ref_probabilities)(pb, s, sq, &mk, h, slope, kb, p, NULL, qrow, lse, keep, NULL);
   return p;
@@ -143,7 +147,7 @@ static fa_status SFX(ref_forward)(const fa_problem *pb) {
     REAL *p = SFX(ref_head_probs)(pb, u, slice, 2, pb->dtype, 1, &sq);
     REAL *vb = p + (size_t)pb->max_seqlen_q * (size_t)pb->max_seqlen_k + pb->max_seqlen_k * D;
     REAL *orow = vb + pb->max_seqlen_k * D + D; /* after the unit's q row */
-    SFX(ref_load_rows)(vb, &pb->v, sq.kb, sq.k0, sq.nk, hk);
+    SFX(ref_load_rows)(vb, pb, &pb->v, &sq, sq.nk, hk);
     const fa_dropout dr = fa_problem_dropout(pb);
     const uint64_t bh = (uint64_t)(s * pb->heads_q + h);
     for (int64_t i = 0; i < sq.nq; i++) {
@@ -178,8 +182,8 @@ static fa_status SFX(ref_backward)(const fa_problem *pb) {
     REAL *p = (REAL *)((char *)pb->workspace + (size_t)omp_get_thread_num() * slice);
     REAL *ds = p + nn, *kb = ds + nn, *vb = kb + MK * D, *dkb = vb + MK * D, *dvb = dkb + MK * D;
     REAL *qrow = dvb + MK * D, *dorow = qrow + D, *dqrow = dorow + D, *dprow = dqrow + D;
-    SFX(ref_load_rows)(kb, &pb->k, sq.kb, sq.k0, nk, hk);
-    SFX(ref_load_rows)(vb, &pb->v, sq.kb, sq.k0, nk, hk);
+    SFX(ref_load_rows)(kb, pb, &pb->k, &sq, nk, hk);
+    SFX(ref_load_rows)(vb, pb, &pb->v, &sq, nk, hk);
     memset(dkb, 0, (size_t)(nk * D) * sizeof(REAL));
     memset(dvb, 0, (size_t)(nk * D) * sizeof(REAL));
     for (int64_t h = hk * pb->group; h < (hk + 1) * pb->group; h++) {

@@ -65,6 +65,7 @@ struct FwdParams {
   FwdArgs a;
   CUtensorMap tq, tk, tv; /* (d, seqlen, heads, batch) boxes of 64 columns */
   Schedule sched;         /* query blocks per (sequence, head), in launch order */
+  int box;                /* a paged cache: rows per K/V box, gcd(page size, BC) */
 };
 
 template <int D, int NWG>
@@ -128,8 +129,10 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BC / 8][4], float (&o)[D
 /* DECODE: the decode shapes' kernel (sm90_forward), with the query heads of
  * a K/V head packed into one block (FwdArgs::pack) and the keys split
  * (FwdArgs::nsplit), both at run time (the other kernels' registers have no
- * room for the row arithmetic: they spill). */
-template <typename T, int D, int NWG, bool DECODE>
+ * room for the row arithmetic: they spill). PAGED: K and V from a paged
+ * cache's pools (FwdArgs::block_table), a TMA box per page-aligned run of a
+ * tile's keys. */
+template <typename T, int D, int NWG, bool DECODE, bool PAGED>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     fwd_kernel(const __grid_constant__ FwdParams P) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -169,6 +172,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     mbar_init_fence();
   }
   __syncthreads();
+  /* launched as a programmatic dependent: the KV-cache call's preparation
+   * (rotated q, appended rows) must be done */
+  if (p.pdl) asm volatile("griddepcontrol.wait;\n" ::: "memory");
 
   /* The producer takes the blocks (schedule.cuh) and hands each one's index
    * to the consumers in slot[j & 1] with its Q (Q stage j % QST); -1 ends the
@@ -193,7 +199,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       k.h /= p.nsplit;
     }
     k.h *= pack;
-    k.sv = seq_view(p, k.b);
+    constexpr int KV = PAGED ? kSeqAdd | kSeqPaged : kSeqAdd;
+    k.sv = seq_view<KV>(p, k.b);
     k.r0 = (P.sched.nblk - 1 - x) * rq; /* query rows r0.. of each head */
     if (k.r0 >= k.sv.nq) return false;
     k.rows = min(rq, k.sv.nq - k.r0);
@@ -249,6 +256,39 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         for_each_live(k.kt.n_end - k.kt.n_begin, tile_skip(k), [&](int kk) {
           const int n = k.kt.n_end - 1 - kk, st = i % ST, ph = (i / ST) & 1;
           ++i;
+          if constexpr (PAGED) { /* a box per page-aligned run, each lane its own */
+            const int key = n * BC + tid * P.box, live = BC / P.box > tid && key < k.sv.nk;
+            int pg = 0, row = 0;
+            if (live) {
+              const int idx = key / p.page;
+              row = key - idx * p.page;
+              pg = page_of(p, page_row(p, k.b), key);
+            }
+            /* the boxes that hold keys: the tile's bytes */
+            const uint32_t bytes =
+                (uint32_t)__popc(__ballot_sync(0xffffffffu, live)) * P.box * D * 2;
+            const uint32_t dk = sQ + L::K0 + st * L::TBYTES + tid * P.box * 128;
+            const uint32_t dv = sQ + L::V0 + st * L::TBYTES + tid * P.box * 128;
+            if (tid == 0) {
+              mbar_wait(k_empty(st), ph ^ 1);
+              mbar_expect_tx(k_full(st), bytes);
+            }
+            __syncwarp();
+            if (live)
+#pragma unroll
+              for (int c = 0; c < D / 64; ++c)
+                tma_load_4d(dk + c * BC * 128, &P.tk, k_full(st), c * 64, row, hk, pg);
+            if (tid == 0) {
+              mbar_wait(v_empty(st), ph ^ 1);
+              mbar_expect_tx(v_full(st), bytes);
+            }
+            __syncwarp();
+            if (live)
+#pragma unroll
+              for (int c = 0; c < D / 64; ++c)
+                tma_load_4d(dv + c * BC * 128, &P.tv, v_full(st), c * 64, row, hk, pg);
+            return;
+          }
           if (tid != 0) return;
           mbar_wait(k_empty(st), ph ^ 1);
           mbar_expect_tx(k_full(st), L::TBYTES);
@@ -298,6 +338,25 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
      * row's visible keys set to -inf) waits for both products first. */
     uint32_t pa[BC / 16][4];   /* P of the pending tile, A fragments */
     int pend = -1, pend_i = 0; /* its ring stage (-1: none) and position */
+    /* A paged cache's last tile: its V rows past the keys hold what the page
+     * holds there (anything, NaN included: 0 x NaN in P V) or an earlier
+     * tile's rows. Warpgroup 0 zeroes them once V arrived, and the others
+     * wait for it (named barrier 6), at the tile's start, where the fewest
+     * registers are live (D = 256 spilled at P V). Maps of contiguous caches
+     * end at the keys, and TMA fills with zeros. */
+    auto v_tail = [&](int st, int i, int keys) {
+      if (wg > 0) return named_sync(6, NC);
+      mbar_wait(v_full(st), (i / ST) & 1);
+      /* thread w: 16-byte chunk w % (D / 8) of rows keys + w / (D / 8), ... */
+      constexpr int CPR = D / 8, RS = 128 / CPR;
+      const int w = ctid & 127, ch = w % CPR;
+      const uint32_t base = sQ + L::V0 + st * L::TBYTES + ch / 8 * BC * 128 + ch % 8 * 16;
+      for (int r = keys + w / CPR; r < BC; r += RS)
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(base + r * 128), "r"(0)
+                     : "memory");
+      fence_proxy_async();
+      named_arrive(6, NC);
+    };
     /* issue O += P V from stage st's V (arrived) */
     auto pv = [&](int st) {
       const uint32_t v_base = sQ + L::V0 + st * L::TBYTES;
@@ -395,6 +454,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       const int n = k.kt.n_end - 1 - kk, st = i % ST;
       const bool masked = k.kt.masked(n * BC, BC, k.sv.nk);
       mbar_wait(k_full(st), (i / ST) & 1);
+      if (PAGED && k.sv.nk - n * BC < BC) v_tail(st, i, k.sv.nk - n * BC);
       float s[BC / 8][4], alpha[2];
       if (S::OVERLAP && pend >= 0 && !masked) { /* no branch while P V runs */
         issue_both(s, st);
@@ -490,8 +550,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 #endif
 }
 
-template <typename T, int D, int NWG, bool DECODE = false>
-fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
+template <typename T, int D, int NWG, bool DECODE, bool PAGED>
+fa_status fwd_launch_as(const FwdArgs &a, cudaStream_t stream) {
   using S = FwdShape<D, NWG>;
   constexpr size_t smem = FwdSmem<D, NWG>::BYTES;
   static_assert(smem <= 227 * 1024, "fits Hopper's shared memory");
@@ -508,13 +568,24 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   const int rq = DECODE ? 1 << prm.a.pack_log2 : S::BR;
   fa_status st;
   if ((st = make_map(&prm.tq, BF, a.q, a.d, a.nq, a.heads_q, a.batch, a.q_ss, a.q_sh, a.q_sb, pk,
-                     rq, pack)) != FA_OK ||
-      (st = make_kv_map(&prm.tk, BF, a.k, a.d, a.nk, hk, a.batch, a.k_ss, a.k_sh, a.k_sb, pk,
-                        a.used_k != nullptr, S::BC)) != FA_OK ||
-      (st = make_kv_map(&prm.tv, BF, a.v, a.d, a.nk, hk, a.batch, a.v_ss, a.v_sh, a.v_sb, pk,
-                        a.used_k != nullptr, S::BC)) != FA_OK)
+                     rq, pack)) != FA_OK)
     return st;
-  auto kernel = fwd_kernel<T, D, NWG, DECODE>;
+  if (a.block_table) { /* the pools, boxes of a page-aligned run of rows */
+    int g = S::BC, r = a.page;
+    while (r) g %= r, std::swap(g, r);
+    prm.box = g;
+    if ((st = make_map(&prm.tk, BF, a.k, a.d, a.page, hk, a.kv_batch, a.k_ss, a.k_sh, a.k_sb, false,
+                       g)) != FA_OK ||
+        (st = make_map(&prm.tv, BF, a.v, a.d, a.page, hk, a.kv_batch, a.v_ss, a.v_sh, a.v_sb, false,
+                       g)) != FA_OK)
+      return st;
+  } else if ((st = make_kv_map(&prm.tk, BF, a.k, a.d, a.nk, hk, a.kv_batch, a.k_ss, a.k_sh, a.k_sb,
+                               pk, a.used_k != nullptr, S::BC)) != FA_OK ||
+             (st = make_kv_map(&prm.tv, BF, a.v, a.d, a.nk, hk, a.kv_batch, a.v_ss, a.v_sh, a.v_sb,
+                               pk, a.used_k != nullptr, S::BC)) != FA_OK) {
+    return st;
+  }
+  auto kernel = fwd_kernel<T, D, NWG, DECODE, PAGED>;
   static bool attr_done = false;
   if ((st = smem_limit_once(kernel, smem, attr_done)) != FA_OK) return st;
   prm.sched.nblk = (a.max_seqlen_q + rq - 1) / rq;
@@ -531,12 +602,21 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
     const cudaError_t e = cudaMemsetAsync(a.sched, 0, sizeof(int), stream);
     if (e != cudaSuccess) return fa_set_error(FA_ERR_DEVICE, "cuda: %s", cudaGetErrorString(e));
   }
-  kernel<<<ctas, (S::NWG + 1) * 128, smem, stream>>>(prm);
-  if (!DECODE || a.nsplit == 1) return launch_status();
-  const fa_status ks = launch_status();
-  if (ks != FA_OK) return ks;
+  fa_status ks;
+  if (a.pdl) /* after the KV-cache call's preparation, which lets it start early */
+    ks = launch_dependent_smem(kernel, dim3(ctas), dim3((S::NWG + 1) * 128), smem, stream, true,
+                               prm);
+  else
+    kernel<<<ctas, (S::NWG + 1) * 128, smem, stream>>>(prm), ks = launch_status();
+  if (!DECODE || a.nsplit == 1 || ks != FA_OK) return ks;
   /* as a programmatic dependent: this kernel let it launch at its start */
   return fwd_combine_launch<T, D>(a, stream, true);
+}
+
+template <typename T, int D, int NWG, bool DECODE = false>
+fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
+  if (a.block_table) return fwd_launch_as<T, D, NWG, DECODE, true>(a, stream);
+  return fwd_launch_as<T, D, NWG, DECODE, false>(a, stream);
 }
 
 }  // namespace sm90
@@ -548,16 +628,20 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
  * loads stop at each sequence's last used key. */
 static bool kv_cache_mappable(const AttnArgs &a) {
   const int64_t nk = a.nk;
-  return a.cu_q != nullptr || a.batch == 1 ||
-         (a.k_sb == nk * a.k_ss && a.v_sb == nk * a.v_ss && (int64_t)a.batch * nk < INT_MAX / 2);
+  return a.cu_q != nullptr || a.kv_batch == 1 ||
+         (a.k_sb == nk * a.k_ss && a.v_sb == nk * a.v_ss && (int64_t)a.kv_batch * nk < INT_MAX / 2);
 }
 
 bool sm90_forward_covers(const AttnArgs &a) {
   /* block masks whose blocks tile both kernels' tiles (128 x 128 forward,
    * 64 x 128 backward): a tile is then wholly visible or wholly skipped */
   const bool bm_fits = a.bmask == NULL || (a.bm_q % 128 == 0 && a.bm_k % 128 == 0);
+  /* paged: boxes of gcd(page size, BC) rows, a multiple of the swizzle's 8 */
+  const bool kv_ok = a.block_table ? a.page % 8 == 0 : a.used_k == NULL || kv_cache_mappable(a);
+  /* the KV-cache call's left padding and batch indices: the sm_80 kernels */
+  if (a.k_start || a.k_batch) return false;
   if (a.drop.keep_scale > 0.f || !bm_fits || a.cap_log2 > 0.f || a.alibi != NULL ||
-      !(a.scale_log2 > 0.f) || (a.used_k != NULL && !kv_cache_mappable(a)))
+      !(a.scale_log2 > 0.f) || !kv_ok)
     return false;
   /* head dims 33-256, padded to 64, 128, 192 or 256 (TMA fills the columns past d
    * with zeros; 65-96 padded to 128 still ran 1.3-1.5x the sm_80 kernel's

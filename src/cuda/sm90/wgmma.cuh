@@ -215,7 +215,7 @@ __device__ __forceinline__ MapSeq map_seq(bool packed, int b, int total, int64_t
 template <typename Args, typename View>
 __device__ __forceinline__ MapSeq map_kv(const Args &p, int b, const View &sv) {
   if (p.cu_q) return map_seq(true, b, p.nk, sv.k0, sv.nk);
-  if (p.used_k) return map_seq(true, b, p.batch * p.nk, (int64_t)b * p.nk, sv.nk);
+  if (p.used_k) return map_seq(true, b, p.kv_batch * p.nk, (int64_t)b * p.nk, sv.nk);
   return map_seq(false, b, p.nk, 0, sv.nk);
 }
 /* Named barrier over `count` threads (id 0 is __syncthreads'). */

@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Paged KV caches and the KV-cache call on one GPU: flashattn's forward over a
+contiguous cache, the same keys in pages of 16 and 256 rows (each sequence's
+pages in random order through a block table), and the KV-cache call that first
+appends the new rows (and rotates them and q), beside PyTorch SDPA's cuDNN and
+flash backends on the contiguous cache, in the same process. Decode (one query
+row per head) and a causal prefill chunk against the cache. Times are
+microseconds per call replayed from CUDA graphs of 20 calls (tools/bench_decode.py),
+medians; ratios against our contiguous forward of the same keys.
+
+Usage: python3 tools/bench_paged.py --lib build-gpu/libflashattn.so [--json out.json]
+"""
+import argparse
+import ctypes as C
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_decode import graph_us  # noqa: E402
+from bench_sdpa import BACKENDS, FaParams, FaTensor, Ours  # noqa: E402
+
+
+class FaKvcache(C.Structure):
+    _fields_ = [("cache_seqlens", C.c_void_p), ("k_new", C.c_void_p), ("v_new", C.c_void_p),
+                ("cache_batch_idx", C.c_void_p), ("cache_leftpad", C.c_void_p),
+                ("rotary_cos", C.c_void_p), ("rotary_sin", C.c_void_p),
+                ("rotary_seqlen", C.c_int64), ("rotary_dim", C.c_int64),
+                ("rotary_stride", C.c_int64), ("rotary_interleaved", C.c_int)]
+
+
+def bnhd(t, batch=None, seqlen=None):
+    """Descriptor of a (B, N, H, D) tensor (flash-attn's layout)."""
+    B, N, H, D = t.shape
+    sb, sn, sh, sd = t.stride()
+    assert sd == 1
+    return FaTensor(t.data_ptr(), 2 if t.dtype == torch.bfloat16 else 1, B, N, H, D, sb, sn, sh)
+
+
+class Case:
+    """One shape: q (B, nq, H, D), a cache of Nk keys per sequence (contiguous and
+    paged copies of the same keys), new rows and rotary tables for the call."""
+
+    def __init__(self, lib, B, H, Hk, D, nq, Nk, causal):
+        self.lib, self.B, self.nq, self.Nk, self.causal = lib, B, nq, Nk, causal
+        dt = torch.bfloat16
+        self.q = torch.randn(B, nq, H, D, device="cuda", dtype=dt)
+        self.o = torch.empty_like(self.q)
+        self.lse = torch.empty(B * H * nq, device="cuda", dtype=torch.float32)
+        self.k = torch.randn(B, Nk, Hk, D, device="cuda", dtype=dt)
+        self.v = torch.randn(B, Nk, Hk, D, device="cuda", dtype=dt)
+        self.used = torch.full((B,), Nk, dtype=torch.int32, device="cuda")
+        self.cached = torch.full((B,), Nk - nq, dtype=torch.int32, device="cuda")
+        self.k_new = torch.randn(B, nq, Hk, D, device="cuda", dtype=dt)
+        self.v_new = torch.randn(B, nq, Hk, D, device="cuda", dtype=dt)
+        pos = torch.arange(Nk + 256, device="cuda", dtype=torch.float32)[:, None]
+        inv = 10000.0 ** (-torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D)
+        self.cos, self.sin = torch.cos(pos * inv).to(dt), torch.sin(pos * inv).to(dt)
+        self.pools = {}
+        self.keep = []
+
+    def pool(self, page):
+        """The keys in pages of `page` rows, a random permutation of the pool."""
+        if page not in self.pools:
+            pps = (self.Nk + page - 1) // page
+            n = self.B * pps
+            perm = torch.randperm(n, device="cuda").to(torch.int32)
+            table = perm.view(self.B, pps).contiguous()
+            kp = torch.zeros(n, page, *self.k.shape[2:], device="cuda", dtype=self.k.dtype)
+            vp = torch.zeros_like(kp)
+            rows = torch.arange(self.Nk, device="cuda")
+            for b in range(self.B):
+                pg = table[b][rows // page].long()
+                kp[pg, rows % page] = self.k[b]
+                vp[pg, rows % page] = self.v[b]
+            self.pools[page] = (kp, vp, table, pps)
+        return self.pools[page]
+
+    def params(self, page):
+        p = FaParams()
+        p.device, p.algorithm, p.causal = 1, 0, int(self.causal)
+        p.stream = torch.cuda.current_stream().cuda_stream
+        k, v = self.k, self.v
+        if page:
+            k, v, table, pps = self.pool(page)
+            p.block_table, p.max_pages_per_seq = table.data_ptr(), pps
+        return p, bnhd(k), bnhd(v)
+
+    def call(self, page, append, rotary):
+        """A function running one call: fa_forward over the cache (all its keys),
+        or the KV-cache call appending nq rows to a cache of Nk - nq."""
+        p, tk, tv = self.params(page)
+        tq, to = bnhd(self.q), bnhd(self.o)
+        kv = FaKvcache()
+        nb = C.c_size_t(0)
+        if append:
+            tkn, tvn = bnhd(self.k_new), bnhd(self.v_new)
+            self.keep += [tkn, tvn]
+            kv.cache_seqlens = self.cached.data_ptr()
+            kv.k_new, kv.v_new = C.addressof(tkn), C.addressof(tvn)
+            if rotary:
+                kv.rotary_cos, kv.rotary_sin = self.cos.data_ptr(), self.sin.data_ptr()
+                kv.rotary_seqlen, kv.rotary_dim = self.cos.shape[0], 2 * self.cos.shape[1]
+            st = self.lib.fa_kvcache_workspace_size(C.byref(p), C.byref(kv), C.byref(tq),
+                                                    C.byref(tk), C.byref(tv), C.byref(nb))
+        else:
+            p.seqused_k = self.used.data_ptr()
+            st = self.lib.fa_workspace_size(0, C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
+                                            C.byref(nb))
+        if st:
+            raise RuntimeError(self.lib.fa_last_error().decode())
+        ws = torch.empty(max(nb.value, 1), dtype=torch.uint8, device="cuda")
+        if nb.value:
+            p.workspace, p.workspace_bytes = ws.data_ptr(), nb.value
+        self.keep += [p, tq, tk, tv, to, kv, ws]
+        lse = self.lse.data_ptr()
+
+        def run():
+            p.stream = torch.cuda.current_stream().cuda_stream  # the capture's stream
+            if append:
+                r = self.lib.fa_forward_kvcache(C.byref(p), C.byref(kv), C.byref(tq), C.byref(tk),
+                                                C.byref(tv), C.byref(to), C.c_void_p(lse))
+            else:
+                r = self.lib.fa_forward(C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
+                                        C.byref(to), C.c_void_p(lse))
+            if r:
+                raise RuntimeError(self.lib.fa_last_error().decode())
+        return run
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lib", required=True, help="path of libflashattn.so")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--quick", action="store_true", help="fewer shapes")
+    a = ap.parse_args()
+    ours = Ours(a.lib)
+    lib = ours.lib
+    lib.fa_forward_kvcache.restype = C.c_int
+    lib.fa_kvcache_workspace_size.restype = C.c_int
+    torch.manual_seed(0)
+    print("bf16, D=128, H=32, Hk=8; us per call (CUDA graphs of 20 calls); ratio to contiguous")
+    cols = [("contig", 0, 0, 0), ("page16", 16, 0, 0), ("page256", 256, 0, 0),
+            ("append", 0, 1, 0), ("rotary", 0, 1, 1), ("rotary16", 16, 1, 1)]
+    print("| shape | B | Nk | " + " | ".join(c[0] for c in cols) + " | sdpa flash | sdpa cudnn |")
+    print("|---|---|---|" + "---|" * (len(cols) + 2))
+    rows = []
+    shapes = [("decode", 1, 1, False), ("decode", 16, 1, False), ("prefill", 1, 256, True)]
+    nks = (2048, 8192) if a.quick else (2048, 8192, 16384)
+    for kind, B, nq, causal in shapes:
+        for Nk in nks:
+            c = Case(lib, B, 32, 8, 128, nq, Nk, causal)
+            r = {"shape": kind, "B": B, "nq": nq, "Nk": Nk, "causal": causal}
+            for name, page, append, rotary in cols:
+                try:
+                    r[name] = graph_us(c.call(page, append, rotary), 20, a.reps)
+                except Exception as ex:
+                    r[name] = None
+                    print("  %s: %s" % (name, ex), file=sys.stderr)
+            # peers on the contiguous cache (B, H, N, D); SDPA's causal is top-left
+            # aligned, so a prefill chunk's peers run without a mask
+            qs, ks, vs = (x.transpose(1, 2) for x in (c.q, c.k, c.v))
+            for name, be in BACKENDS[:2]:
+                try:
+                    def fn():
+                        with sdpa_kernel([be]):
+                            return F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)
+                    fn()
+                    r[name] = graph_us(fn, 20, a.reps)
+                except Exception:
+                    r[name] = None
+            rows.append(r)
+            base = r["contig"]
+
+            def fmt(x):
+                if x is None:
+                    return "-"
+                return "%.1f (%.3f)" % (x, x / base) if base else "%.1f" % x
+            print("| %s | %d | %d | " % (kind, B, Nk) + " | ".join(fmt(r[n]) for n, *_ in cols) +
+                  " | %s | %s |" % tuple("-" if r.get(n) is None else "%.1f" % r[n]
+                                         for n, _ in BACKENDS[:2]))
+            del c
+            torch.cuda.empty_cache()
+    if a.json:
+        json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, open(a.json, "w"),
+                  indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -109,7 +109,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         if return_attn_probs:  # flash-attn's (out, softmax_lse, S_dmask)
             return out, lse, _attn_probs(q, k, rng, softmax_scale, causal, window_size, softcap,
                                          alibi_slopes, dropout_p, block_mask=block_mask,
-                                         block_size=block_size)
+                                         block_size=block_size, algorithm=algorithm)
     else:
         out, lse = _numpy_forward(q, k, v, None, None, alibi_slopes, block_mask, dropout_p,
                                   softmax_scale, causal, window_size, softcap, deterministic,
@@ -263,7 +263,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
         if return_attn_probs:
             return out, lse, _attn_probs(q, k, rng, softmax_scale, causal, window_size, softcap,
                                          alibi_slopes, dropout_p, cu_seqlens_q, cu_seqlens_k,
-                                         max_seqlen_q, max_seqlen_k, block_mask, block_size)
+                                         max_seqlen_q, max_seqlen_k, block_mask, block_size,
+                                         algorithm)
     else:
         out, lse = _numpy_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask,
                                   dropout_p, softmax_scale, causal, window_size, softcap,

@@ -75,31 +75,34 @@ def _round_up(n, m):
 
 def attention_probs(q, k, rng_state, softmax_scale, causal, window_size, softcap, alibi_slopes,
                     dropout_p, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                    max_seqlen_k=None, block_mask=None, block_size=None):
+                    max_seqlen_k=None, block_mask=None, block_size=None, algorithm="flash2"):
     """S_dmask of a forward call made with these arguments and the forward's rng_state
     ((seed, offset), int64): (batch, nheads, round_up(seqlen_q, 128), round_up(seqlen_k,
     128)) in q's dtype."""
     A = _TorchAdapter
     opts = _core.make_options(softmax_scale, causal, window_size, softcap, dropout_p,
-                              block_size=block_size)
+                              algorithm=algorithm, block_size=block_size)
     if dropout_p and rng_state is not None:
         opts.dropout_seed, opts.dropout_offset = (int(x) for x in rng_state.tolist())
     varlen = cu_seqlens_q is not None
     stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else None
     if not q.is_cuda:
         opts.num_threads = torch.get_num_threads()
-    p, dt, dev, varlen, keep = _core._prepare(A, q, k, k, opts, cu_seqlens_q, cu_seqlens_k,
-                                              alibi_slopes, block_mask, stream)
     if varlen:
-        lq = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item() if max_seqlen_q is None \
-            else max_seqlen_q
-        lk = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).max().item() if max_seqlen_k is None \
-            else max_seqlen_k
+        on_host = q.device.type != "meta"  # a meta tensor's lengths are unknown: the totals
+        lq = max_seqlen_q if max_seqlen_q is not None else \
+            (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item() if on_host else q.shape[0]
+        lk = max_seqlen_k if max_seqlen_k is not None else \
+            (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).max().item() if on_host else k.shape[0]
         batch = cu_seqlens_q.shape[0] - 1
     else:
         batch, lq, lk = q.shape[0], q.shape[1], k.shape[1]
     rows, cols = _round_up(max(int(lq), 1), 128), _round_up(max(int(lk), 1), 128)
-    probs = torch.empty((batch, q.shape[-2], rows, cols), dtype=torch.float32, device=q.device)
+    probs = torch.zeros((batch, q.shape[-2], rows, cols), dtype=torch.float32, device=q.device)
+    if q.device.type == "meta" or q.numel() == 0 or k.numel() == 0:
+        return probs.to(q.dtype)  # shapes only, or no probability to write
+    p, dt, dev, varlen, keep = _core._prepare(A, q, k, k, opts, cu_seqlens_q, cu_seqlens_k,
+                                              alibi_slopes, block_mask, stream)
     tq, tk = _core.descriptor(A, q, dt, varlen), _core.descriptor(A, k, dt, varlen)
     ws = None
     n = _lib.workspace_size(_lib.Pass.PROBS, p, tq, tk, tk, "fa_attention_probs")

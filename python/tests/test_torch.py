@@ -36,9 +36,9 @@ def _check(q, k, v, tol_out, tol_grad, algorithm="flash2", **kw):
         ref_kw["scale"] = ref_kw.pop("softmax_scale")
     if "alibi_slopes" in fa_kw:
         ref_kw["alibi"] = ref_kw.pop("alibi_slopes")
-    out, lse, none = flashattn.flash_attn_func(q, k, v, return_attn_probs=True,
-                                               algorithm=algorithm, **fa_kw)
-    assert none is None
+    out, lse, probs = flashattn.flash_attn_func(q, k, v, return_attn_probs=True,
+                                                algorithm=algorithm, **fa_kw)
+    assert probs.shape[:2] == (q.shape[0], q.shape[2]) and probs.dtype == q.dtype
     assert out.shape == q.shape and out.dtype == q.dtype
     assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and lse.dtype == torch.float32
     rq, rk, rv = (x.detach().double().requires_grad_() for x in (q, k, v))

@@ -503,7 +503,7 @@ fa_status fa_cuda_check(const fa_problem *pb, fa_pass pass) {
     const fa_tensor *ts[3] = {&pb->q, &pb->k, &pb->v};
     const char *nm[3] = {"q", "k", "v"};
     for (int i = 0; i < 3; i++)
-      if (!rows_aligned(ts[i]))
+      if (!fa::rows_aligned(ts[i]))
         return fa_set_error(FA_ERR_UNSUPPORTED,
                             "cuda: paged KV caches and the KV-cache call need %s 16-byte aligned "
                             "with strides that are multiples of 8 elements",

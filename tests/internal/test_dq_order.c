@@ -130,6 +130,6 @@ int main(void) {
         check_one(nq, nk, 1, 0, 0, 0, 3, 2, wave, 2);
         check_one(nq, nk, 0, 1, 4, 2, 2, 3, wave, 3);
       }
-  printf("%d cases, %d failed\n", g_cases, g_fail);
+  printf("%d passed, %d failed\n", g_cases - g_fail, g_fail);
   return g_fail ? 1 : 0;
 }

@@ -60,7 +60,7 @@ static size_t up256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 static fa_tensor rows_of(const fa_tensor *t, int64_t r0, int64_t m) {
   fa_tensor v = *t;
-  v.data = (char *)t->data + r0 * t->stride_seq * (int64_t)fa_dtype_size(t->dtype);
+  v.data = (char *)t->data + r0 * t->stride_seq * (int64_t)fa_dtype_bytes(t->dtype);
   v.seqlen = m;
   return v;
 }
@@ -143,7 +143,7 @@ static fa_status ring_setup(ring_call *c, fa_pass pass, const fa_params *p, cons
   FA_TRY(fa_workspace_size(pass, &c->inner, &tq, &tk, &tv, &c->inner_bytes));
   c->B = q->batch, c->H = q->heads, c->Hk = k->heads, c->D = q->headdim;
   c->dt = q->dtype;
-  c->es = fa_dtype_size(q->dtype);
+  c->es = fa_dtype_bytes(q->dtype);
   c->threads = p->num_threads > 0 ? p->num_threads : omp_get_num_procs();
   if (c->threads < 1) c->threads = 1;
   const size_t kvel = (size_t)(c->B * n * c->Hk * c->D), qel = (size_t)(c->B * n * c->H * c->D);

@@ -14,7 +14,7 @@
 #include "common/rotary.h"
 
 static char *kv_row(const fa_tensor *t, int64_t b, int64_t n, int64_t h) {
-  return (char *)t->data + fa_tensor_offset(t, b, n, h) * (int64_t)fa_dtype_size(t->dtype);
+  return (char *)t->data + fa_tensor_offset(t, b, n, h) * (int64_t)fa_dtype_bytes(t->dtype);
 }
 
 /* dst = src (D elements of dt) with its first rotary_dim columns rotated to
@@ -26,7 +26,7 @@ static char *kv_row(const fa_tensor *t, int64_t b, int64_t n, int64_t h) {
     REAL x[FA_MAX_HEADDIM], y[FA_MAX_HEADDIM], cs[FA_MAX_HEADDIM / 2], sn[FA_MAX_HEADDIM / 2]; \
     const int64_t rd = pos >= 0 ? kv->rotary_dim : 0, half = rd / 2;                           \
     const int64_t st = kv->rotary_stride ? kv->rotary_stride : half;                           \
-    const size_t es = fa_dtype_size(dt);                                                       \
+    const size_t es = fa_dtype_bytes(dt);                                                       \
     LOAD(x, src, dt, D);                                                                       \
     memcpy(y, x, sizeof(REAL) * (size_t)D);                                                    \
     if (half) {                                                                                \

@@ -7,7 +7,7 @@
 #include "common/convert.h"
 
 static char *at(const fa_tensor *t, int64_t b, int64_t n, int64_t h) {
-  return (char *)t->data + fa_tensor_offset(t, b, n, h) * (int64_t)fa_dtype_size(t->dtype);
+  return (char *)t->data + fa_tensor_offset(t, b, n, h) * (int64_t)fa_dtype_bytes(t->dtype);
 }
 
 fa_status fa_cpu_ring_add(const fa_tensor *dst, const fa_tensor *src, int accumulate, float fill,

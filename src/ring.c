@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "common/dtype.h"
 
 #define FA_INVALID(...) fa_set_error(FA_ERR_INVALID_ARGUMENT, __VA_ARGS__)
 #define FA_TRY(expr)              \

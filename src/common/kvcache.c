@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include "backend.h"
+#include "common/dtype.h"
 #include "common/convert.h"
 #include "common/rotary.h"
 

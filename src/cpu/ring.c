@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "backend.h"
+#include "common/dtype.h"
 #include "common/convert.h"
 
 static char *at(const fa_tensor *t, int64_t b, int64_t n, int64_t h) {

@@ -27,8 +27,10 @@ import torch.distributed as dist
 
 from . import _core
 from . import _ops
+from ._lib import Status, UnsupportedError
 
-__all__ = ["ring_flash_attn_func", "shard", "unshard", "shard_positions", "LAYOUTS"]
+__all__ = ["ring_flash_attn_func", "ring_flash_attn_varlen_func", "shard", "unshard",
+           "shard_positions", "LAYOUTS"]
 
 LAYOUTS = ("zigzag", "contiguous")
 
@@ -37,20 +39,31 @@ LAYOUTS = ("zigzag", "contiguous")
 # in the sequence (None: plain call). lse is (batch, heads, rows), float32.
 
 
-def _attn_kw(a, causal, shard):
+# Packed sequences (cu = (cu_seqlens_q, cu_seqlens_k)) travel as (1, total, heads, headdim)
+# with lse (1, heads, total), so that the ring below treats both forms alike.
+
+
+def _attn_kw(a, causal, shard, cu):
     return dict(softmax_scale=a.scale or None, causal=causal,
                 window_size=(a.window[1], a.window[2]) if a.window[0] else (-1, -1),
                 softcap=a.softcap, alibi_slopes=a.alibi, dropout_p=a.dropout_p,
                 dropout_seed=a.seed, dropout_offset=a.offset, deterministic=a.deterministic,
-                shard=shard)
+                shard=shard, cu_seqlens_q=None if cu is None else cu[0],
+                cu_seqlens_k=None if cu is None else cu[1])
 
 
-def _attn_fwd(q, k, v, a, causal, shard):
-    return _ops.fwd(q, k, v, **_attn_kw(a, causal, shard))
+def _attn_fwd(q, k, v, a, causal, shard, cu=None):
+    if cu is None:
+        return _ops.fwd(q, k, v, **_attn_kw(a, causal, shard, cu))
+    out, lse = _ops.fwd(q[0], k[0], v[0], **_attn_kw(a, causal, shard, cu))
+    return out[None], lse[None]
 
 
-def _attn_bwd(dout, q, k, v, out, lse, a, causal, shard):
-    return _ops.bwd(dout, q, k, v, out, lse, **_attn_kw(a, causal, shard))
+def _attn_bwd(dout, q, k, v, out, lse, a, causal, shard, cu=None):
+    if cu is None:
+        return _ops.bwd(dout, q, k, v, out, lse, **_attn_kw(a, causal, shard, cu))
+    grads = _ops.bwd(dout[0], q[0], k[0], v[0], out[0], lse[0], **_attn_kw(a, causal, shard, cu))
+    return tuple(g[None] for g in grads)
 
 
 # ---- layout: where each rank's rows sit in the sequence ------------------------------------
@@ -64,8 +77,47 @@ def _chunks(layout, n, rank, world):
     return [(0, c, rank * c), (c, c, (2 * world - 1 - rank) * c)]
 
 
-def shard_positions(seqlen_local, rank, world_size, layout="zigzag"):
-    """Positions in the whole sequence of the rows of `rank`'s shard (a LongTensor)."""
+def _offsets(cu_seqlens, name="cu_seqlens"):
+    """A packed batch's offsets (a 1-D integer tensor or a sequence of ints) as ints."""
+    if isinstance(cu_seqlens, torch.Tensor):
+        if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() or cu_seqlens.is_complex():
+            raise ValueError("%s must be a 1-D integer tensor, got %s of shape %s"
+                             % (name, cu_seqlens.dtype, tuple(cu_seqlens.shape)))
+        cu = [int(x) for x in cu_seqlens.tolist()]
+    else:
+        cu = [int(x) for x in cu_seqlens]
+    if not cu or cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
+        raise ValueError("%s must start at 0 and never decrease, got %s" % (name, cu[:8]))
+    return cu
+
+
+def _pieces(layout, cu, rank, world):
+    """[(first local row, rows, first row in the whole batch, first position in its
+    sequence)] of rank's part of a packed batch with whole-batch offsets cu (one sequence:
+    [0, n]). Every sequence is sharded alike, so rank's part is itself a packed batch."""
+    if layout not in LAYOUTS:
+        raise ValueError("layout must be one of %s (got %r)" % (LAYOUTS, layout))
+    parts = 2 * world if layout == "zigzag" else world
+    out = []
+    for s in range(len(cu) - 1):
+        n = cu[s + 1] - cu[s]
+        if n % parts:
+            raise ValueError("the sequence length %d%s is not a multiple of %d (layout %r, %d "
+                             "ranks)" % (n, " (sequence %d)" % s if len(cu) > 2 else "", parts,
+                                         layout, world))
+        for first, m, p in _chunks(layout, n // world, rank, world):
+            out.append((cu[s] // world + first, m, cu[s] + p, p))
+    return out
+
+
+def shard_positions(seqlen_local, rank, world_size, layout="zigzag", cu_seqlens=None):
+    """Positions in the whole sequence of the rows of `rank`'s shard (a LongTensor). With
+    cu_seqlens (a packed batch's whole offsets), each row's position in its own sequence
+    (seqlen_local is then not used)."""
+    if cu_seqlens is not None:
+        pieces = _pieces(layout, _offsets(cu_seqlens), rank, world_size)
+        return torch.cat([torch.arange(p, p + m) for _, m, _, p in pieces] or
+                         [torch.zeros(0, dtype=torch.long)])
     _check_layout(layout, seqlen_local)
     return torch.cat([torch.arange(p, p + m) for _, m, p in
                       _chunks(layout, seqlen_local, rank, world_size)])
@@ -83,36 +135,42 @@ def _group_size_rank(group):
     return dist.get_world_size(group), dist.get_rank(group)
 
 
-def shard(x, group=None, dim=1, layout="zigzag"):
-    """This rank's part of x (the whole sequence along `dim`), contiguous. The sequence
-    length must be a multiple of the world size (zigzag: of twice the world size)."""
+def shard(x, group=None, dim=None, layout="zigzag", cu_seqlens=None):
+    """This rank's part of x (the whole sequence along `dim`, default 1), contiguous. The
+    sequence length must be a multiple of the world size (zigzag: of twice the world size).
+    With cu_seqlens, x is a packed batch along `dim` (default 0) with those offsets: every
+    sequence is cut alike and this rank's part is the packed batch of its pieces, with
+    offsets cu_seqlens // world_size."""
     world, rank = _group_size_rank(group)
+    dim = (0 if cu_seqlens is not None else 1) if dim is None else dim
     n = x.shape[dim]
-    parts = 2 * world if layout == "zigzag" else world
-    if layout not in LAYOUTS:
-        raise ValueError("layout must be one of %s (got %r)" % (LAYOUTS, layout))
-    if n % parts:
-        raise ValueError("shard: the sequence length %d along dim %d is not a multiple of %d "
-                         "(layout %r, %d ranks)" % (n, dim, parts, layout, world))
-    pieces = [x.narrow(dim, p, m) for _, m, p in _chunks(layout, 2 * n // parts if
-                                                          layout == "zigzag" else n // parts,
-                                                          rank, world)]
-    return torch.cat(pieces, dim).contiguous()
+    cu = _offsets(cu_seqlens) if cu_seqlens is not None else [0, n]
+    if cu[-1] != n:
+        raise ValueError("shard: cu_seqlens ends at %d but x has %d rows along dim %d"
+                         % (cu[-1], n, dim))
+    pieces = _pieces(layout, cu, rank, world)
+    return torch.cat([x.narrow(dim, g, m) for _, m, g, _ in pieces], dim).contiguous()
 
 
-def unshard(x, group=None, dim=1, layout="zigzag"):
-    """The whole sequence from every rank's part (all_gather; the inverse of shard)."""
+def unshard(x, group=None, dim=None, layout="zigzag", cu_seqlens=None):
+    """The whole sequence (or packed batch, with its whole cu_seqlens) from every rank's
+    part (all_gather; the inverse of shard)."""
     world, _ = _group_size_rank(group)
+    dim = (0 if cu_seqlens is not None else 1) if dim is None else dim
     n = x.shape[dim]
-    _check_layout(layout, n)
+    if cu_seqlens is None:
+        _check_layout(layout, n)
+    cu = _offsets(cu_seqlens) if cu_seqlens is not None else [0, n * world]
+    if cu[-1] != n * world:
+        raise ValueError("unshard: cu_seqlens ends at %d but the %d parts hold %d rows"
+                         % (cu[-1], world, n * world))
     x = x.contiguous()
     parts = [torch.empty_like(x) for _ in range(world)]
     dist.all_gather(parts, x, group=group)
-    total = n * world
-    out = x.new_empty(x.shape[:dim] + (total,) + x.shape[dim + 1:])
+    out = x.new_empty(x.shape[:dim] + (n * world,) + x.shape[dim + 1:])
     for r, part in enumerate(parts):
-        for first, m, p in _chunks(layout, n, r, world):
-            out.narrow(dim, p, m).copy_(part.narrow(dim, first, m))
+        for first, m, g, _ in _pieces(layout, cu, r, world):
+            out.narrow(dim, g, m).copy_(part.narrow(dim, first, m))
     return out
 
 
@@ -123,17 +181,25 @@ class _Args:
     """The resolved options of one ring call, shared by forward and backward."""
 
     __slots__ = ("scale", "window", "softcap", "alibi", "dropout_p", "seed", "offset",
-                 "deterministic", "threads", "causal", "layout", "positional")
+                 "deterministic", "threads", "causal", "layout", "positional", "packed")
 
 
 class _Piece:
-    """Rows [q0, q0 + nq) of this rank against rows [k0, k0 + nk) of the block held:
-    causal (the diagonal of a self step) or full; shard = positions, or None."""
+    """Rows rq of this rank against rows rk of the block held (each a slice, or an index
+    tensor, along the sequence axis): causal (the diagonal of a self step) or full;
+    shard = positions, or None; cu = the packed form's (cu_seqlens_q, cu_seqlens_k) of
+    the rows taken, or None; whole = rq is every row, in order."""
 
-    __slots__ = ("q0", "nq", "k0", "nk", "causal", "shard")
+    __slots__ = ("rq", "rk", "causal", "shard", "cu", "whole")
 
-    def __init__(self, q0, nq, k0, nk, causal, shard):
-        self.q0, self.nq, self.k0, self.nk, self.causal, self.shard = q0, nq, k0, nk, causal, shard
+    def __init__(self, rq, rk, causal, shard=None, cu=None, whole=False):
+        self.rq, self.rk, self.causal, self.shard, self.cu = rq, rk, causal, shard, cu
+        self.whole = whole
+
+
+def _span(q0, nq, k0, nk, n, causal, shard=None):
+    return _Piece(slice(q0, q0 + nq), slice(k0, k0 + nk), causal, shard,
+                  whole=q0 == 0 and nq == n)
 
 
 def _visible(a, qp, nq, kp, nk):
@@ -150,23 +216,62 @@ def _visible(a, qp, nq, kp, nk):
 
 def _plan(a, n, rank, src, world):
     """The pieces of the step where this rank holds the K/V block of rank src."""
+    if a.packed is not None:
+        return a.packed.plan(a, rank, src)
     mine = _chunks(a.layout, n, rank, world)
     theirs = _chunks(a.layout, n, src, world)
     if not a.positional:
         # masks are at most causal: a chunk pair is full (keys before), diagonal or hidden
         if not a.causal:
-            return [_Piece(0, n, 0, n, False, None)]
+            return [_span(0, n, 0, n, n, False)]
         if src == rank:  # positions rise along the local rows: causal over the whole shard
-            return [_Piece(0, n, 0, n, True, None)]
+            return [_span(0, n, 0, n, n, True)]
         rows = [(q0, m) for q0, m, qp in mine if any(kp < qp for _, _, kp in theirs)]
         keys = [(k0, m) for k0, m, kp in theirs if any(kp < qp for _, _, qp in mine)]
         if not rows or not keys:
             return []
         # the visible pairs form one rectangle of adjacent local rows and keys
         q0, k0 = rows[0][0], keys[0][0]
-        return [_Piece(q0, sum(m for _, m in rows), k0, sum(m for _, m in keys), False, None)]
-    return [_Piece(q0, mq, k0, mk, a.causal, (qp, kp))
+        return [_span(q0, sum(m for _, m in rows), k0, sum(m for _, m in keys), n, False)]
+    return [_span(q0, mq, k0, mk, n, a.causal, (qp, kp))
             for q0, mq, qp in mine for k0, mk, kp in theirs if _visible(a, qp, mq, kp, mk)]
+
+
+class _Packed:
+    """Packed sequences on the ring: every sequence sharded alike, so this rank's shard is
+    itself a packed batch (local offsets cu, each sequence's rows in position order). Under
+    zig-zag a sequence's local rows are its chunk r, then its chunk 2W - 1 - r: `first` and
+    `second` index those halves of every sequence, packed by `cu_half`."""
+
+    def __init__(self, cu, layout, device):
+        self.layout = layout
+        lens = [cu[s + 1] - cu[s] for s in range(len(cu) - 1)]
+        self.cu = torch.tensor(cu, dtype=torch.int32, device=device)
+        self.all = slice(0, cu[-1])
+        if layout == "zigzag":
+            half = [m // 2 for m in lens]
+            self.cu_half = torch.tensor([0] + [sum(half[:s + 1]) for s in range(len(half))],
+                                        dtype=torch.int32, device=device)
+            self.first = torch.cat([torch.arange(cu[s], cu[s] + half[s]) for s in
+                                    range(len(lens))] or [torch.zeros(0, dtype=torch.long)])
+            self.second = torch.cat([torch.arange(cu[s] + half[s], cu[s + 1]) for s in
+                                     range(len(lens))] or [torch.zeros(0, dtype=torch.long)])
+            self.first, self.second = self.first.to(device), self.second.to(device)
+
+    def plan(self, a, rank, src):
+        """As _plan: masks at most causal (positions differ between sequences)."""
+        every = _Piece(self.all, self.all, False, cu=(self.cu, self.cu), whole=True)
+        if not a.causal:
+            return [every]
+        if src == rank:
+            every.causal = True
+            return [every]
+        if self.layout == "contiguous":
+            return [every] if src < rank else []
+        if src < rank:  # both chunks see the block's first chunk, and not its second
+            return [_Piece(self.all, self.first, False, cu=(self.cu, self.cu_half), whole=True)]
+        # only the second chunk (the late one) sees the block, all of it
+        return [_Piece(self.second, self.all, False, cu=(self.cu_half, self.cu))]
 
 
 # ---- the ring ------------------------------------------------------------------------------
@@ -211,10 +316,11 @@ class _Sum:
     def __init__(self, like):
         self.like, self.t = like, None
 
-    def add(self, r0, x, last=False):
-        rows = slice(r0, r0 + x.shape[1])
+    def add(self, rows, x, last=False):
+        """Adds x to the rows `rows` (a slice, or an index tensor of distinct rows)."""
         if self.t is None:
-            if r0 == 0 and x.shape[1] == self.like.shape[1]:
+            if isinstance(rows, slice) and (rows.start or 0) == 0 and \
+                    x.shape[1] == self.like.shape[1]:
                 self.t = x
             else:
                 self.t = torch.zeros_like(self.like, dtype=x.dtype)
@@ -242,8 +348,18 @@ def _merge(acc, lse_acc, o, lse, last):
     lse_acc.copy_(new)
 
 
-def _rows_lse(lse, q0, nq):
-    return lse[:, :, q0:q0 + nq].contiguous()
+def _merge_rows(acc, lse_acc, rows, o, lse, last):
+    """_merge into the rows `rows` (a slice: in place; an index: gathered and put back)."""
+    if isinstance(rows, slice):
+        _merge(acc[:, rows], lse_acc[:, :, rows], o, lse, last)
+        return
+    a, la = acc[:, rows], lse_acc[:, :, rows]
+    _merge(a, la, o, lse, last)
+    acc[:, rows], lse_acc[:, :, rows] = a, la
+
+
+def _rows_lse(lse, rows):
+    return lse[:, :, rows].contiguous()
 
 
 def _steps(a, n, ring, backward=False):
@@ -267,10 +383,9 @@ def _ring_forward(q, k, v, a, ring):
             works = ring.exchange(kv, nxt)
         while i < len(steps) and steps[i][0] == t:
             pc, i = steps[i][1], i + 1
-            rows = slice(pc.q0, pc.q0 + pc.nq)
-            o, lse = _attn_fwd(q[:, rows], kv[0][:, pc.k0:pc.k0 + pc.nk],
-                               kv[1][:, pc.k0:pc.k0 + pc.nk], a, pc.causal, pc.shard)
-            if acc is None and pc.nq == n:
+            o, lse = _attn_fwd(q[:, pc.rq], kv[0][:, pc.rk], kv[1][:, pc.rk], a, pc.causal,
+                               pc.shard, pc.cu)
+            if acc is None and pc.whole:
                 acc, lse_acc = o, lse
                 continue
             if acc is None:
@@ -278,7 +393,7 @@ def _ring_forward(q, k, v, a, ring):
                 lse_acc = q.new_full((b, h, n), float("-inf"), dtype=torch.float32)
             elif acc.dtype != torch.float32 and i < len(steps):
                 acc = acc.float()
-            _merge(acc[:, rows], lse_acc[:, :, rows], o, lse, i == len(steps))
+            _merge_rows(acc, lse_acc, pc.rq, o, lse, i == len(steps))
         _wait(works)
         if nxt is not None:
             kv = nxt
@@ -309,21 +424,21 @@ def _ring_backward(dout, q, k, v, kv, out, lse, a, ring):
         mine = []
         while i < len(steps) and steps[i][0] == t:
             pc, i = steps[i][1], i + 1
-            rq = slice(pc.q0, pc.q0 + pc.nq)
-            rk = slice(pc.k0, pc.k0 + pc.nk)
+            rq, rk = pc.rq, pc.rk
             gq, gk, gv = _attn_bwd(dout[:, rq], q[:, rq], kv[0][:, rk], kv[1][:, rk],
-                                   out[:, rq], _rows_lse(lse, pc.q0, pc.nq), a, pc.causal,
-                                   pc.shard)
-            dq.add(pc.q0, gq, last=i == len(steps))
-            mine.append((pc.k0, gk, gv))
+                                   out[:, rq], _rows_lse(lse, rq), a, pc.causal, pc.shard,
+                                   pc.cu)
+            dq.add(rq, gq, last=i == len(steps))
+            mine.append((rk, gk, gv))
         # this block's sums: what came from the ranks before, then this rank's terms
         dk, dv = _Sum(k), _Sum(v)
         if dkv_works is not None:
             _wait(dkv_works)
-            dk.add(0, dkv_in[0]), dv.add(0, dkv_in[1])
-        for j, (k0, gk, gv) in enumerate(mine):
+            every = slice(0, k.shape[1])
+            dk.add(every, dkv_in[0]), dv.add(every, dkv_in[1])
+        for j, (rk, gk, gv) in enumerate(mine):
             final = t == last and j == len(mine) - 1
-            dk.add(k0, gk, last=final), dv.add(k0, gv, last=final)
+            dk.add(rk, gk, last=final), dv.add(rk, gv, last=final)
         if t < last:  # on to the previous rank, in the sums' dtype
             send = (dk.result(dk.t.dtype if dk.t is not None else k.dtype),
                     dv.result(dv.t.dtype if dv.t is not None else v.dtype))
@@ -396,24 +511,9 @@ def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None,
         raise ValueError("the number of q heads (%d) must be a multiple of the number of "
                          "k/v heads (%d)" % (q.shape[2], k.shape[2]))
     _check_layout(layout, q.shape[1])
-    opts = _core.make_options(softmax_scale, causal, window_size, softcap, dropout_p,
-                              deterministic)
     ring = _Ring(group)
-    a = _Args()
-    a.scale = opts.softmax_scale
-    a.window = (opts.window_enabled, opts.window_left, opts.window_right)
-    a.softcap = opts.softcap
-    a.dropout_p = opts.dropout_p
-    a.deterministic = opts.deterministic
-    a.causal = bool(causal)
-    a.layout = layout
-    a.alibi = alibi_slopes
-    if alibi_slopes is not None and alibi_slopes.dim() != 1:
-        raise ValueError("alibi_slopes must have shape (nheads,) for ring attention")
-    a.seed = _shared_seed(dropout_seed, q.device, group) if a.dropout_p > 0 else 0
-    a.offset = int(dropout_offset)
-    # positions matter to a window, ALiBi and dropout; plain causal needs only the order
-    a.positional = bool(opts.window_enabled or a.alibi is not None or a.dropout_p > 0)
+    a = _make_args(q, group, causal, softmax_scale, window_size, softcap, alibi_slopes,
+                   dropout_p, deterministic, layout, dropout_seed, dropout_offset)
     if a.dropout_p > 0 and layout == "zigzag" and (q.shape[1] // 2) % 4:
         raise ValueError("dropout with layout 'zigzag' needs seqlen_local a multiple of 8 "
                          "(each chunk a multiple of 4 keys: one Philox draw covers four), "
@@ -423,3 +523,83 @@ def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None,
                          "four keys), got %d" % q.shape[1])
     out, lse = _RingFlashAttn.apply(q.contiguous(), k.contiguous(), v.contiguous(), a, ring)
     return (out, lse) if return_lse else out
+
+
+def _make_args(q, group, causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p,
+               deterministic, layout, dropout_seed, dropout_offset):
+    """The resolved options of a ring call (validated)."""
+    opts = _core.make_options(softmax_scale, causal, window_size, softcap, dropout_p,
+                              deterministic)
+    a = _Args()
+    a.scale = opts.softmax_scale
+    a.window = (opts.window_enabled, opts.window_left, opts.window_right)
+    a.softcap = opts.softcap
+    a.dropout_p = opts.dropout_p
+    a.deterministic = opts.deterministic
+    a.causal = bool(causal)
+    a.layout = layout
+    a.packed = None
+    a.alibi = alibi_slopes
+    if alibi_slopes is not None and alibi_slopes.dim() != 1:
+        raise ValueError("alibi_slopes must have shape (nheads,) for ring attention")
+    a.seed = _shared_seed(dropout_seed, q.device, group) if a.dropout_p > 0 else 0
+    a.offset = int(dropout_offset)
+    # positions matter to a window, ALiBi and dropout; plain causal needs only the order
+    a.positional = bool(opts.window_enabled or a.alibi is not None or a.dropout_p > 0)
+    return a
+
+
+def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen=None, group=None, causal=False,
+                                softmax_scale=None, window_size=(-1, -1), softcap=0.0,
+                                alibi_slopes=None, dropout_p=0.0, deterministic=False,
+                                layout="zigzag", return_lse=False):
+    """Ring attention of this rank's part of a packed batch: flash_attn_varlen_func of the
+    whole batch (self-attention, each sequence on its own), restricted to this rank's rows.
+
+    q: (total_local, nheads, headdim); k, v: (total_local, nheads_k, headdim): the packed
+    batch of this rank's pieces of every sequence, as shard(x, cu_seqlens=...) cuts it.
+    cu_seqlens: the local offsets (the whole batch's divided by the world size; an int32
+    tensor or a list, the same on every rank); each local sequence has the positions
+    `layout` gives it (zigzag: an even length). max_seqlen is accepted for compatibility.
+    causal, softmax_scale, softcap and deterministic are flash_attn_varlen_func's;
+    window_size, alibi_slopes and dropout are not available on packed sequences
+    (UnsupportedError). Returns out (like q), and with return_lse also the float32
+    log-sum-exp (nheads, total_local). Differentiable in q, k and v. Reads cu_seqlens on
+    the host once per call (a synchronisation when it is a CUDA tensor).
+    """
+    del max_seqlen
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 3:
+            raise ValueError("%s must be a 3-D torch.Tensor (total_local, heads, headdim)"
+                             % name)
+    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
+        raise ValueError("q %s, k %s and v %s: k and v must have q's total_local and headdim "
+                         "(each rank holds the same rows of all three)"
+                         % (tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+    if q.shape[1] % k.shape[1]:
+        raise ValueError("the number of q heads (%d) must be a multiple of the number of "
+                         "k/v heads (%d)" % (q.shape[1], k.shape[1]))
+    cu = _offsets(cu_seqlens)
+    if cu[-1] != q.shape[0]:
+        raise ValueError("cu_seqlens ends at %d but q has %d rows" % (cu[-1], q.shape[0]))
+    if layout not in LAYOUTS:
+        raise ValueError("layout must be one of %s (got %r)" % (LAYOUTS, layout))
+    if layout == "zigzag":
+        odd = [s for s in range(len(cu) - 1) if (cu[s + 1] - cu[s]) % 2]
+        if odd:
+            raise ValueError("layout 'zigzag' needs every local sequence of even length (two "
+                             "chunks per rank); sequence %d has %d rows"
+                             % (odd[0], cu[odd[0] + 1] - cu[odd[0]]))
+    a = _make_args(q, group, causal, softmax_scale, window_size, softcap, alibi_slopes,
+                   dropout_p, deterministic, layout, 0, 0)
+    if a.positional:
+        raise UnsupportedError(
+            Status.ERR_UNSUPPORTED, "window_size, alibi_slopes and dropout_p are not "
+            "available on packed sequences (each sequence's pieces sit at positions of their "
+            "own); use ring_flash_attn_func per sequence, or causal/full masks here",
+            "ring_flash_attn_varlen_func")
+    ring = _Ring(group)
+    a.packed = _Packed(cu, layout, q.device)
+    out, lse = _RingFlashAttn.apply(q.contiguous()[None], k.contiguous()[None],
+                                    v.contiguous()[None], a, ring)
+    return (out[0], lse[0]) if return_lse else out[0]

@@ -28,6 +28,13 @@ CASES = [
     ("causal-deterministic", dict(causal=True, deterministic=True)),
 ]
 LAYOUTS = ["zigzag", "contiguous"]
+# packed sequences (ring_flash_attn_varlen_func): masks at most causal
+VARLEN_CASES = [
+    ("varlen-causal", dict(causal=True)),
+    ("varlen-full-gqa", dict(causal=False, hk=1)),
+    ("varlen-causal-softcap-deterministic",
+     dict(causal=True, softcap=2.0, softmax_scale=0.4, deterministic=True)),
+]
 
 
 def _case_inputs(world, hk, dtype, seed):
@@ -100,6 +107,60 @@ def _run_case(name, kw, layout, dtype, rank, world, group):
             what, nm, rel_err(gl, gr[:, pos]))
 
 
+def _run_varlen_case(name, kw, layout, rank, world, group):
+    """A packed batch (an empty sequence among them) on the ring against the float64
+    reference of each whole sequence, and against single-process packed attention."""
+    from flashattn import distributed as fd
+
+    kw = dict(kw)
+    hk = kw.pop("hk", 2)
+    g = torch.Generator().manual_seed(len(name) * 11 + world)
+    lens = [2 * world * m for m in (3, 1, 0, 2)]
+    cu = [0]
+    for m in lens:
+        cu.append(cu[-1] + m)
+    mk = lambda heads: torch.randn(cu[-1], heads, 16, generator=g)  # noqa: E731
+    q, k, v, dout = mk(2), mk(hk), mk(hk), mk(2)
+    ql, kl, vl = (fd.shard(x, group, layout=layout, cu_seqlens=cu).requires_grad_()
+                  for x in (q, k, v))
+    cul = torch.tensor(cu, dtype=torch.int32) // world
+    out, lse = fd.ring_flash_attn_varlen_func(ql, kl, vl, cul, group=group, layout=layout,
+                                              return_lse=True, **kw)
+    grads = torch.autograd.grad(out, (ql, kl, vl), fd.shard(dout, group, layout=layout,
+                                                            cu_seqlens=cu))
+    # the rows this rank holds, in the whole batch
+    rows = torch.cat([torch.arange(gr, gr + m) for _, m, gr, _ in
+                      fd._pieces(layout, cu, rank, world)])
+    what = "%s/%s/world%d/rank%d" % (name, layout, world, rank)
+    # float64 reference, sequence by sequence
+    rq, rk, rv = (x.double().requires_grad_() for x in (q, k, v))
+    outs, lses = [], []
+    for s in range(len(lens)):
+        if not lens[s]:
+            continue
+        sl = slice(cu[s], cu[s + 1])
+        o, l_ = ref_attention(rq[None, sl], rk[None, sl], rv[None, sl],
+                              scale=kw.get("softmax_scale"), causal=kw.get("causal", False),
+                              softcap=kw.get("softcap", 0.0))
+        outs.append(o[0])
+        lses.append(l_[0])
+    fo, fl = torch.cat(outs), torch.cat(lses, dim=1)
+    fg = torch.autograd.grad(fo, (rq, rk, rv), dout.double())
+    assert rel_err(out, fo[rows]) <= TOL_F32, what + " out vs float64"
+    assert rel_err(lse, fl[:, rows]) <= 1e-6, what + " lse vs float64"
+    for nm, gl, gr in zip(("dq", "dk", "dv"), grads, fg):
+        e = rel_err(gl, gr[rows])
+        assert e <= TOL_F32, "%s %s vs float64: %.3g" % (what, nm, e)
+    # the whole batch back from the parts
+    assert torch.equal(fd.unshard(out.detach(), group, layout=layout, cu_seqlens=cu)[rows],
+                       out.detach())
+    if kw.get("deterministic"):  # bitwise the same gradients on a second run
+        again = torch.autograd.grad(
+            fd.ring_flash_attn_varlen_func(ql, kl, vl, cul, group=group, layout=layout, **kw),
+            (ql, kl, vl), fd.shard(dout, group, layout=layout, cu_seqlens=cu))
+        assert all(torch.equal(x, y) for x, y in zip(grads, again)), what + " deterministic"
+
+
 def _worker(rank, world, init, cases, dtypes, results):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
@@ -109,6 +170,11 @@ def _worker(rank, world, init, cases, dtypes, results):
             for layout in LAYOUTS:
                 for dtype in dtypes:
                     _run_case(name, kw, layout, dtype, rank, world, None)
+                    done += 1
+        if torch.float32 in dtypes:
+            for name, kw in VARLEN_CASES:
+                for layout in LAYOUTS:
+                    _run_varlen_case(name, kw, layout, rank, world, None)
                     done += 1
         # shard and unshard are inverses
         from flashattn import distributed as fd
@@ -178,6 +244,31 @@ def test_errors():
         fd.ring_flash_attn_func(q, k3, k3)
     with pytest.raises(ValueError, match="seqlen_local"):
         fd.ring_flash_attn_func(q, q[:, :4], q[:, :4])
+    # packed sequences
+    p = torch.zeros(8, 2, 8)
+    with pytest.raises(ValueError, match="3-D"):
+        fd.ring_flash_attn_varlen_func(q, q, q, [0, 6])
+    with pytest.raises(ValueError, match="never decrease"):
+        fd.ring_flash_attn_varlen_func(p, p, p, [0, 6, 4, 8])
+    with pytest.raises(ValueError, match="ends at"):
+        fd.ring_flash_attn_varlen_func(p, p, p, [0, 6])
+    with pytest.raises(ValueError, match="even length"):
+        fd.ring_flash_attn_varlen_func(p, p, p, [0, 3, 8])
+    with pytest.raises(ValueError, match="integer"):
+        fd.ring_flash_attn_varlen_func(p, p, p, torch.tensor([0.0, 8.0]))
+    with pytest.raises(flashattn.UnsupportedError, match="packed"):
+        fd.ring_flash_attn_varlen_func(p, p, p, [0, 8], window_size=(2, 2))
+    with pytest.raises(ValueError, match="multiple of 4"):
+        fd._pieces("zigzag", [0, 6, 14], 0, 2)
+
+
+def test_shard_positions_packed():
+    from flashattn.distributed import shard_positions
+    cu = [0, 8, 8, 12]  # lengths 8, 0, 4 on two ranks, zig-zag: chunks of 2 and 1
+    assert shard_positions(None, 0, 2, cu_seqlens=cu).tolist() == [0, 1, 6, 7, 0, 3]
+    assert shard_positions(None, 1, 2, cu_seqlens=cu).tolist() == [2, 3, 4, 5, 1, 2]
+    assert shard_positions(None, 1, 2, "contiguous", cu_seqlens=cu).tolist() == [4, 5, 6, 7,
+                                                                                 2, 3]
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 # test_cuda --small (the kernels against the float64 oracle), then, one process a GPU,
 # tools/bench_ring.py --check (ring attention against one GPU and float64) and its
 # benchmark against PyTorch's context parallelism; the table comes last. Logs, JSON and
-# the packed library go to $OUT (the device tool's output folder) or build-gpu/out.
+# the packed library go to $OUT (default build-gpu/out).
 # Usage: tools/gpu-ring.sh [--prebuilt=TARBALL] [--no-test] [--gpus=N] [bench_ring.py args]
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -454,7 +454,7 @@ static fa_status check_kvcache(const fa_params *p, const fa_kvcache *kv, const f
 /* A paged problem's table entries, on the CPU: those of every page holding a
  * key read must name a page of the pools. */
 static fa_status check_block_table(const fa_problem *pb) {
-  if (!pb->page_size || pb->params->device != FA_DEVICE_CPU) return FA_OK;
+  if (!pb->page_size || pb->device != FA_DEVICE_CPU) return FA_OK;
   for (int64_t s = 0; s < pb->batch; s++) {
     const fa_seq sq = fa_problem_seq(pb, s);
     const int64_t pages = (sq.k0 + sq.nk + pb->page_size - 1) / pb->page_size;
@@ -502,7 +502,28 @@ static fa_status make_problem(fa_pass pass, const fa_params *p, const fa_tensor 
                         "dtype f64 is only supported by the standard algorithm on the CPU");
 
   memset(pb, 0, sizeof *pb);
-  pb->params = p;
+  pb->device = p->device;
+  pb->stream = p->stream;
+  pb->algorithm = p->algorithm;
+  pb->causal = p->causal != 0;
+  pb->window_enabled = p->window_enabled != 0;
+  pb->window_left = p->window_left;
+  pb->window_right = p->window_right;
+  pb->softcap = p->softcap;
+  pb->alibi_slopes = p->alibi_slopes;
+  pb->alibi_stride_batch = p->alibi_stride_batch;
+  pb->dropout_p = p->dropout_p;
+  pb->cu_seqlens_q = p->cu_seqlens_q;
+  pb->cu_seqlens_k = p->cu_seqlens_k;
+  pb->seqused_k = p->seqused_k;
+  pb->block_mask = p->block_mask;
+  pb->block_size_q = p->block_size_q;
+  pb->block_size_k = p->block_size_k;
+  pb->block_mask_stride_batch = p->block_mask_stride_batch;
+  pb->block_mask_stride_head = p->block_mask_stride_head;
+  pb->shard_enabled = p->shard_enabled != 0;
+  pb->deterministic = p->deterministic != 0;
+  pb->num_splits = p->num_splits;
   pb->q = *q;
   pb->k = *k;
   pb->v = *v;
@@ -567,12 +588,16 @@ static fa_status make_problem(fa_pass pass, const fa_params *p, const fa_tensor 
           most ||
       (double)pb->batch * (double)pb->max_seqlen_k * (double)pb->heads_q * (double)q->headdim >
           most)
-    return FA_INVALID("the problem is too large: batch x longest sequence x query heads x "
-                      "headdim exceeds 2^48 elements");
+    return FA_INVALID(
+        "the problem is too large: batch x longest sequence x query heads x "
+        "headdim exceeds 2^48 elements");
   if (p->shard_enabled) {
     pb->q_pos = p->shard_q_offset;
     pb->k_pos = p->shard_k_offset;
   }
+  /* dropout's state (docs/DROPOUT.md), at a shard's positions */
+  pb->dropout = fa_dropout_make(p->dropout_p, p->dropout_seed, p->dropout_offset);
+  fa_dropout_at(&pb->dropout, pb->q_pos, pb->k_pos);
   FA_TRY(check_block_table(pb));
   if (p->block_mask)
     pb->block_mask_stride_row = p->block_mask_stride_row
@@ -595,7 +620,7 @@ static fa_status make_problem(fa_pass pass, const fa_params *p, const fa_tensor 
 }
 
 static size_t backend_workspace(fa_pass pass, const fa_problem *pb) {
-  if (pb->params->device == FA_DEVICE_CUDA) {
+  if (pb->device == FA_DEVICE_CUDA) {
 #ifdef FLASHATTN_CUDA
     if (pass == FA_PASS_PROBS) return 0;
     return pass == FA_PASS_FORWARD ? fa_cuda_forward_workspace(pb) : fa_cuda_backward_workspace(pb);
@@ -604,7 +629,7 @@ static size_t backend_workspace(fa_pass pass, const fa_problem *pb) {
 #endif
   }
   if (pass == FA_PASS_PROBS) return fa_ref_probs_workspace(pb);
-  if (pb->params->algorithm == FA_ALGO_STANDARD)
+  if (pb->algorithm == FA_ALGO_STANDARD)
     return pass == FA_PASS_FORWARD ? fa_ref_forward_workspace(pb) : fa_ref_backward_workspace(pb);
   return pass == FA_PASS_FORWARD ? fa_cpu_forward_workspace(pb) : fa_cpu_backward_workspace(pb);
 }
@@ -639,8 +664,7 @@ static size_t qcopy_bytes(const fa_problem *pb) {
 /* Runs the backend with the caller's workspace or one allocated for the call;
  * extra: the bytes of the lse scratch (lse_extra of them) and q's rotated copy
  * after the backend's. */
-static fa_status run_backend(fa_pass pass, fa_problem *pb, size_t lse_extra) {
-  const fa_params *p = pb->params;
+static fa_status run_backend(fa_pass pass, const fa_params *p, fa_problem *pb, size_t lse_extra) {
   const size_t qc = qcopy_bytes(pb), extra = lse_extra + qc;
   size_t need = align_up(backend_workspace(pass, pb)) + extra;
   void *mem = NULL;
@@ -727,7 +751,7 @@ fa_status fa_forward(const fa_params *params, const fa_tensor *q, const fa_tenso
   FA_TRY(check_overlaps(nm, n));
   pb.o = *o;
   pb.lse = lse;
-  return run_backend(FA_PASS_FORWARD, &pb, lse ? 0 : lse_bytes(&pb));
+  return run_backend(FA_PASS_FORWARD, params, &pb, lse ? 0 : lse_bytes(&pb));
 }
 
 /* Bytes of a rotary table: positions x stride, the last row rotary_dim / 2. */
@@ -787,7 +811,7 @@ fa_status fa_forward_kvcache(const fa_params *params, const fa_kvcache *kv, cons
   FA_TRY(check_overlaps(nm, n));
   pb.o = *o;
   pb.lse = lse;
-  return run_backend(FA_PASS_FORWARD, &pb, lse ? 0 : lse_bytes(&pb));
+  return run_backend(FA_PASS_FORWARD, params, &pb, lse ? 0 : lse_bytes(&pb));
 }
 
 fa_status fa_backward(const fa_params *params, const fa_tensor *q, const fa_tensor *k,
@@ -826,7 +850,7 @@ fa_status fa_backward(const fa_params *params, const fa_tensor *q, const fa_tens
   pb.dk = *dk;
   pb.dv = *dv;
   pb.lse = (float *)lse;
-  return run_backend(FA_PASS_BACKWARD, &pb, 0);
+  return run_backend(FA_PASS_BACKWARD, params, &pb, 0);
 }
 
 fa_status fa_attention_probs(const fa_params *params, const fa_tensor *q, const fa_tensor *k,
@@ -866,7 +890,7 @@ fa_status fa_attention_probs(const fa_params *params, const fa_tensor *q, const 
   pb.probs = probs;
   pb.probs_rows = rows;
   pb.probs_cols = cols;
-  return run_backend(FA_PASS_PROBS, &pb, 0);
+  return run_backend(FA_PASS_PROBS, params, &pb, 0);
 }
 
 fa_status fa_dropout_mask(const fa_params *params, int64_t heads_q, int64_t seq, int64_t head,

@@ -14,7 +14,6 @@ extern "C" {
 #endif
 
 typedef struct fa_problem {
-  const fa_params *params;
   fa_tensor q, k, v, o;       /* o: forward output, or the forward's O in backward */
   fa_tensor dout, dq, dk, dv; /* backward only */
   float *lse;                 /* forward: written; backward: read (const) */
@@ -31,7 +30,27 @@ typedef struct fa_problem {
   int varlen;
   int num_threads; /* resolved (>= 1) */
 
-  int64_t block_mask_stride_row; /* resolved (> 0) when params->block_mask is set */
+  /* The call's options, resolved from fa_params once (backends read these,
+   * never fa_params). */
+  fa_device device;
+  void *stream; /* CUDA: the cudaStream_t */
+  fa_algorithm algorithm;
+  int causal, window_enabled;
+  int64_t window_left, window_right; /* with window_enabled; < 0: unbounded */
+  float softcap;                     /* 0: none */
+  const float *alibi_slopes;         /* NULL: none; (s, h) at s * alibi_stride_batch + h */
+  int64_t alibi_stride_batch;
+  float dropout_p;                            /* 0: none */
+  fa_dropout dropout;                         /* its state at a shard's positions */
+  const int32_t *cu_seqlens_q, *cu_seqlens_k; /* varlen: the offsets */
+  const int32_t *seqused_k;                   /* the caller's seqused_k (k_used below) */
+  const uint8_t *block_mask;                  /* NULL: none */
+  int64_t block_size_q, block_size_k;
+  int64_t block_mask_stride_batch, block_mask_stride_head;
+  int64_t block_mask_stride_row; /* resolved (> 0) when block_mask is set */
+  int shard_enabled;             /* q_pos, k_pos below place the rows */
+  int deterministic;
+  int num_splits;
   int64_t q_pos, k_pos; /* positions of query row 0 and key 0 (a shard's offsets, else 0) */
 
   /* Which K/V rows each sequence reads (fa_problem_seq). Fixed-length
@@ -75,7 +94,7 @@ static inline fa_seq fa_problem_seq(const fa_problem *pb, int64_t s) {
   fa_seq r;
   r.pages = pb->page_size ? pb->block_table + s * pb->block_table_stride : NULL;
   if (pb->varlen) {
-    const int32_t *cq = pb->params->cu_seqlens_q, *ck = pb->params->cu_seqlens_k;
+    const int32_t *cq = pb->cu_seqlens_q, *ck = pb->cu_seqlens_k;
     r.qb = 0;
     r.q0 = cq[s];
     r.nq = cq[s + 1] - cq[s];
@@ -103,24 +122,15 @@ static inline fa_seq fa_problem_seq(const fa_problem *pb, int64_t s) {
 
 /* The causal / sliding-window mask of one sequence, at a shard's positions. */
 static inline fa_mask fa_problem_mask(const fa_problem *pb, const fa_seq *sq) {
-  const fa_params *p = pb->params;
-  fa_mask m =
-      fa_mask_make(sq->nq, sq->nk, p->causal, p->window_enabled, p->window_left, p->window_right);
-  if (p->shard_enabled) fa_mask_shard(&m, pb->q_pos, pb->k_pos);
+  fa_mask m = fa_mask_make(sq->nq, sq->nk, pb->causal, pb->window_enabled, pb->window_left,
+                           pb->window_right);
+  if (pb->shard_enabled) fa_mask_shard(&m, pb->q_pos, pb->k_pos);
   return m;
-}
-
-/* Dropout's state (docs/DROPOUT.md), at a shard's positions. */
-static inline fa_dropout fa_problem_dropout(const fa_problem *pb) {
-  const fa_params *p = pb->params;
-  fa_dropout d = fa_dropout_make(p->dropout_p, p->dropout_seed, p->dropout_offset);
-  fa_dropout_at(&d, pb->q_pos, pb->k_pos);
-  return d;
 }
 
 /* Keys in the sequence-after-sequence order of fa_seq.kpack0. */
 static inline int64_t fa_problem_kpack_rows(const fa_problem *pb) {
-  return pb->varlen ? pb->params->cu_seqlens_k[pb->batch] : pb->batch * pb->k_cap;
+  return pb->varlen ? pb->cu_seqlens_k[pb->batch] : pb->batch * pb->k_cap;
 }
 
 /* Where key j of sequence sq lives in k/v: batch index *b and row *n; returns
@@ -145,10 +155,9 @@ static inline int64_t fa_problem_krow(const fa_problem *pb, const fa_seq *sq, in
  * NULL when there is no block mask. */
 static inline const uint8_t *fa_problem_block_row(const fa_problem *pb, int64_t s, int64_t h,
                                                   int64_t i) {
-  const fa_params *p = pb->params;
-  if (!p->block_mask) return NULL;
-  return p->block_mask + s * p->block_mask_stride_batch + h * p->block_mask_stride_head +
-         (i / p->block_size_q) * pb->block_mask_stride_row;
+  if (!pb->block_mask) return NULL;
+  return pb->block_mask + s * pb->block_mask_stride_batch + h * pb->block_mask_stride_head +
+         (i / pb->block_size_q) * pb->block_mask_stride_row;
 }
 
 /* Element offset of (batch b, row n, head h) in a tensor. */

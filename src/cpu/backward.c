@@ -255,9 +255,9 @@ static int bwd_step(const cpu_ctx *c, const cpu_unit *u, bwd_bufs *b, const floa
   g.alpha = 1.0f;
   c->kn->gemm(&g);
   /* dropout (docs/DROPOUT.md): dS = P o (Z o dP - Di), and dV takes Z o P */
-  if (c->pb->params->dropout_p > 0.0f) cpu_dropout_apply(c, u, b->dS, bc, 1, r0, nr, c0, nc);
+  if (c->pb->dropout_p > 0.0f) cpu_dropout_apply(c, u, b->dS, bc, 1, r0, nr, c0, nc);
   c->kn->dsoftmax(b->dS, b->S, bc, nr, ncp, Di + cpu_lse_index(u, r0), T);
-  if (c->pb->params->dropout_p > 0.0f) cpu_dropout_apply(c, u, b->S, bc, 1, r0, nr, c0, nc);
+  if (c->pb->dropout_p > 0.0f) cpu_dropout_apply(c, u, b->S, bc, 1, r0, nr, c0, nc);
   return partial;
 }
 

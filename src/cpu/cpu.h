@@ -103,8 +103,8 @@ static inline void cpu_ctx_init(cpu_ctx *c, const fa_problem *pb, int64_t rt, in
   c->brp = fa_round_up(c->br, 16);
   c->esize = fa_dtype_bytes(pb->dtype);
   c->scale = pb->scale;
-  c->cap = pb->params->softcap;
-  c->drop = fa_problem_dropout(pb);
+  c->cap = pb->softcap;
+  c->drop = pb->dropout;
 }
 
 /* One (sequence, query head): its rows, mask and ALiBi slope. */
@@ -117,13 +117,12 @@ typedef struct cpu_unit {
 
 static inline void cpu_unit_init(cpu_unit *u, const cpu_ctx *c, int64_t s, int64_t h) {
   const fa_problem *pb = c->pb;
-  const fa_params *pr = pb->params;
   u->sq = fa_problem_seq(pb, s);
   u->mk = fa_problem_mask(pb, &u->sq);
   u->s = s;
   u->h = h;
   u->hk = h / pb->group;
-  u->slope = pr->alibi_slopes ? pr->alibi_slopes[s * pr->alibi_stride_batch + h] : 0.0f;
+  u->slope = pb->alibi_slopes ? pb->alibi_slopes[s * pb->alibi_stride_batch + h] : 0.0f;
 }
 
 /* Index of (this sequence, head h, row r) in lse-shaped arrays. */
@@ -240,9 +239,8 @@ enum { CPU_BLOCKS_NONE = 0, CPU_BLOCKS_ALL = 1, CPU_BLOCKS_SOME = 2 };
 
 static inline int cpu_block_tile(const cpu_ctx *c, const cpu_unit *u, int64_t r0, int64_t nr,
                                  int64_t c0, int64_t nc) {
-  const fa_params *p = c->pb->params;
-  if (!p->block_mask) return CPU_BLOCKS_ALL;
-  const int64_t bq = p->block_size_q, bk = p->block_size_k;
+  if (!c->pb->block_mask) return CPU_BLOCKS_ALL;
+  const int64_t bq = c->pb->block_size_q, bk = c->pb->block_size_k;
   int any = 0, all = 1;
   for (int64_t bi = r0 / bq; bi <= (r0 + nr - 1) / bq; bi++) {
     const uint8_t *row = fa_problem_block_row(c->pb, u->s, u->h, bi * bq);
@@ -257,7 +255,7 @@ static inline int cpu_block_tile(const cpu_ctx *c, const cpu_unit *u, int64_t r0
 /* S(t, jj) = S[t*rs + jj*cs] = -inf where the block mask hides (row r0+t, key c0+jj). */
 static inline void cpu_block_fill(const cpu_ctx *c, const cpu_unit *u, float *S, int64_t rs,
                                   int64_t cs, int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
-  const int64_t bk = c->pb->params->block_size_k;
+  const int64_t bk = c->pb->block_size_k;
   for (int64_t t = 0; t < nr; t++) {
     const uint8_t *row = fa_problem_block_row(c->pb, u->s, u->h, r0 + t);
     for (int64_t jj = 0; jj < nc; jj++)

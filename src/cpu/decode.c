@@ -57,7 +57,7 @@ enum {
 };
 
 int cpu_decode_applies(const fa_problem *pb) {
-  return pb->params->algorithm == FA_ALGO_FLASH2 && pb->max_seqlen_q >= 1 &&
+  return pb->algorithm == FA_ALGO_FLASH2 && pb->max_seqlen_q >= 1 &&
          pb->max_seqlen_q <= CPU_DECODE_NQ && pb->max_seqlen_q * pb->group <= CPU_DECODE_ROWS;
 }
 
@@ -212,7 +212,7 @@ static void dec_block(const cpu_ctx *c, dec_bufs *b, dec_head *hd, int64_t hk, i
   if (ncp > nc) tile_fill(b->S + nc, DEC_BK, rows, ncp - nc, -INFINITY);
   c->kn->softmax_step_rows(b->S, DEC_BK, rows, ncp, hd->st.m, hd->st.l, b->alpha);
   /* dropout after l: the normaliser (and lse) is that of the undropped P */
-  if (pb->params->dropout_p > 0.0f)
+  if (pb->dropout_p > 0.0f)
     for (int64_t g = 0; g < G; g++)
       cpu_dropout_apply(c, &hd->u[g], b->S + g * nq * DEC_BK, DEC_BK, 1, 0, nq, c0, nc);
   c->kn->pv_kv(rows, nc, Dp, b->S, DEC_BK, direct ? v : (const char *)b->V, direct ? vs : kvs, kdt,
@@ -291,10 +291,9 @@ static void dec_split(const cpu_ctx *c, const dec_plan *p, dec_bufs *b, char *st
   klo = cpu_max(klo, sp * p->split);
   khi = cpu_min(khi, (sp + 1) * p->split);
   if (klo >= khi) return;
-  const fa_params *pr = pb->params;
   /* blocks with nothing to apply per element take the key-row path */
-  int rowwise = dec_rows_path(pb, p) && dec_direct(c) && c->cap == 0.0f && pr->dropout_p == 0.0f &&
-                !pr->block_mask;
+  int rowwise = dec_rows_path(pb, p) && dec_direct(c) && c->cap == 0.0f && pb->dropout_p == 0.0f &&
+                !pb->block_mask;
   for (int64_t hk = 0; hk < Hk; hk++) {
     float *Q = b->Q + hk * rows * Dp;
     hd[hk].Q = Q;

@@ -76,7 +76,7 @@ static fwd_sched fwd_schedule(const cpu_ctx *c) {
   const fa_problem *pb = c->pb;
   const int64_t bh = pb->batch * pb->heads_q, nq = pb->max_seqlen_q, br = c->br;
   fwd_sched s;
-  if (pb->params->algorithm == FA_ALGO_FLASH1) {
+  if (pb->algorithm == FA_ALGO_FLASH1) {
     const int64_t per_bh = cpu_cdiv(pb->num_threads, bh);
     s.chunk = cpu_max(br, cpu_cdiv(cpu_cdiv(nq, per_bh), br) * br);
   } else {
@@ -153,7 +153,7 @@ typedef struct fwd_bufs {
 
 static size_t fwd_layout(const cpu_ctx *c, const fwd_sched *s, char *base, fwd_bufs *b) {
   const int64_t Dp = c->Dp, brp = c->brp, bc = c->bc;
-  const int flash1 = c->pb->params->algorithm == FA_ALGO_FLASH1;
+  const int flash1 = c->pb->algorithm == FA_ALGO_FLASH1;
   cpu_carver cv = {base, 0};
   fwd_bufs t;
   t.QT = cpu_take(&cv, (flash1 ? brp : fa_round_up(s->chunk, 16)) * c->D);
@@ -248,7 +248,7 @@ static void fwd_step(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, const flo
   const int partial = fwd_scores(c, u, b, QT, r0, nr, c0, nc);
   c->kn->softmax_cols(b->ST, c->brp, nc, fa_round_up(nr, FA_VL), m, l, b->alpha);
   /* dropout after l: the normaliser (and lse) is that of the undropped P */
-  if (c->pb->params->dropout_p > 0.0f) cpu_dropout_apply(c, u, b->ST, 1, c->brp, r0, nr, c0, nc);
+  if (c->pb->dropout_p > 0.0f) cpu_dropout_apply(c, u, b->ST, 1, c->brp, r0, nr, c0, nc);
   const int vbw = cpu_dbw(c);
   const fa_gemm g = {nr,
                      c->Dp,
@@ -286,7 +286,7 @@ static void fwd_finish(const cpu_ctx *c, const cpu_unit *u, int64_t r0, int64_t 
 /* Rows [q0, q1): key tiles outer, Br sub-blocks inner (see the top). */
 static void fwd_chunk(const cpu_ctx *c, const cpu_unit *u, fwd_bufs *b, int64_t q0, int64_t q1) {
   const int64_t Dp = c->Dp, br = c->br, bc = c->bc;
-  const int flash1 = c->pb->params->algorithm == FA_ALGO_FLASH1;
+  const int flash1 = c->pb->algorithm == FA_ALGO_FLASH1;
   int64_t klo, khi;
   tile_fill(b->O, Dp, q1 - q0, Dp, 0.0f);
   tile_fill(b->m, 1, fa_round_up(q1 - q0, FA_VL), 1, -INFINITY);

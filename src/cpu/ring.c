@@ -4,8 +4,8 @@
 #include <stdlib.h>
 
 #include "backend.h"
-#include "common/dtype.h"
 #include "common/convert.h"
+#include "common/dtype.h"
 
 static char *at(const fa_tensor *t, int64_t b, int64_t n, int64_t h) {
   return (char *)t->data + fa_tensor_offset(t, b, n, h) * (int64_t)fa_dtype_bytes(t->dtype);

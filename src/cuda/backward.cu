@@ -47,7 +47,7 @@ size_t kv_done_bytes(const fa_problem *pb) {
 /* The flash backward's own workspace (the padded copies follow it). */
 size_t flash_bwd_bytes(const fa_problem *pb) {
   size_t n = 2 * rows_bytes(pb) + dq_acc_bytes(pb) + kv_done_bytes(pb);
-  if (pb->params->deterministic)
+  if (pb->deterministic)
     n += round256((size_t)pb->heads_q * (size_t)pb->total_q * sizeof(int)) + 256;
   return n;
 }
@@ -68,7 +68,6 @@ fa_status bwd_dispatch(const fa::BwdArgs &a, cudaStream_t s) {
 }
 
 fa_status flash_backward(const fa_problem *pb) {
-  const fa_params *pr = pb->params;
   fa::BwdArgs a;
   a.o = pb->o.data, a.dout = pb->dout.data;
   a.dq = pb->dq.data, a.dk = pb->dk.data, a.dv = pb->dv.data;
@@ -80,7 +79,7 @@ fa_status flash_backward(const fa_problem *pb) {
   a.lse2 = (float *)(ws + rows_bytes(pb));
   a.dq_acc = (float *)(ws + acc0);
   a.kv_done = (int *)(ws + done0);
-  a.deterministic = pr->deterministic != 0;
+  a.deterministic = pb->deterministic != 0;
   a.det_wave = 0;
   a.dq_sem = a.deterministic ? (int *)(ws + sem0) : NULL;
   a.kv_ticket =
@@ -101,7 +100,7 @@ fa_status flash_backward(const fa_problem *pb) {
   fa::fill_common_args(a, pb);
   a.scale = pb->scale;
   if (pb->batch == 0 || pb->heads_q == 0) return FA_OK;
-  cudaStream_t s = (cudaStream_t)pr->stream;
+  cudaStream_t s = (cudaStream_t)pb->stream;
   return pb->dtype == FA_DTYPE_F16 ? bwd_dispatch<__half>(a, s) : bwd_dispatch<__nv_bfloat16>(a, s);
 }
 

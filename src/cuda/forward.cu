@@ -70,10 +70,9 @@ using fa::padded_headdim;
  * (the sm_80 kernel ignores it and packs through gqa_as_rows); not under
  * block masks (given per head). */
 static int fwd_pack(const fa_problem *pb) {
-  const fa_params *pr = pb->params;
   const int64_t g = pb->group;
   const bool on = g > 1 && g <= 128 && pb->max_seqlen_q < 128;
-  return on && !pr->block_mask ? (int)g : 1;
+  return on && !pb->block_mask ? (int)g : 1;
 }
 
 /* Key splits for decode shapes (a row block or less per sequence and head,
@@ -93,7 +92,7 @@ static int fwd_splits(const fa_problem *pb) {
   if (!is_flash(pb)) return 1;
   /* params.num_splits: as asked, within the sm_80 grid's y extent (heads_q
    * * splits, at most 65535) and one key tile (32 keys at least) a split */
-  const int ask = pb->params->num_splits;
+  const int ask = pb->num_splits;
   if (ask > 0) {
     int64_t most = std::min<int64_t>(65535 / pb->heads_q, (pb->max_seqlen_k + 31) / 32);
     return (int)std::max<int64_t>(1, std::min<int64_t>(ask, most));
@@ -176,7 +175,6 @@ static bool pdl_device() {
 }
 
 fa_status flash_forward(const fa_problem *pb) {
-  const fa_params *pr = pb->params;
   fa::FwdArgs a;
   memset(&a, 0, sizeof a);
   a.o = pb->o.data;
@@ -190,7 +188,7 @@ fa_status flash_forward(const fa_problem *pb) {
   char *parts = (char *)pb->workspace + kFwdCounterBytes;
   a.part_lse = (float *)parts;
   a.part_o = (float *)(parts + fwd_lse_part_bytes(pb, a.nsplit));
-  cudaStream_t s = (cudaStream_t)pr->stream;
+  cudaStream_t s = (cudaStream_t)pb->stream;
   /* the KV-cache call: its preparation (rotated q, appended rows) first; the
    * attention launches as its programmatic dependent where the GPU can */
   if (pb->kv && (pb->kv->rotary_cos || pb->k_new.data)) {
@@ -329,8 +327,7 @@ size_t std_workspace(const fa_problem *pb) {
  * S is computed into the caller's probabilities, where the softmax leaves P,
  * and there is no O. */
 fa_status std_run(const fa_problem *pb, bool probs) {
-  const fa_params *pr = pb->params;
-  cudaStream_t stream = (cudaStream_t)pr->stream;
+  cudaStream_t stream = (cudaStream_t)pb->stream;
   fa_status st;
   cublasHandle_t hdl = cublas_handle(&st);
   if (st != FA_OK) return st;
@@ -348,18 +345,18 @@ fa_status std_run(const fa_problem *pb, bool probs) {
   if (pb->varlen) {
     cq.resize((size_t)pb->batch + 1);
     ck.resize((size_t)pb->batch + 1);
-    FA_CUDA_TRY(cudaMemcpyAsync(cq.data(), pr->cu_seqlens_q, cq.size() * 4, cudaMemcpyDeviceToHost,
+    FA_CUDA_TRY(cudaMemcpyAsync(cq.data(), pb->cu_seqlens_q, cq.size() * 4, cudaMemcpyDeviceToHost,
                                 stream));
-    FA_CUDA_TRY(cudaMemcpyAsync(ck.data(), pr->cu_seqlens_k, ck.size() * 4, cudaMemcpyDeviceToHost,
+    FA_CUDA_TRY(cudaMemcpyAsync(ck.data(), pb->cu_seqlens_k, ck.size() * 4, cudaMemcpyDeviceToHost,
                                 stream));
   }
   std::vector<int32_t> used;
-  if (pr->seqused_k) {
+  if (pb->seqused_k) {
     used.resize((size_t)pb->batch);
-    FA_CUDA_TRY(cudaMemcpyAsync(used.data(), pr->seqused_k, used.size() * 4, cudaMemcpyDeviceToHost,
+    FA_CUDA_TRY(cudaMemcpyAsync(used.data(), pb->seqused_k, used.size() * 4, cudaMemcpyDeviceToHost,
                                 stream));
   }
-  if (pb->varlen || pr->seqused_k) FA_CUDA_TRY(cudaStreamSynchronize(stream));
+  if (pb->varlen || pb->seqused_k) FA_CUDA_TRY(cudaStreamSynchronize(stream));
   const int64_t prows = pb->probs_rows, pcols = pb->probs_cols;
   if (probs) {
     /* the host's first sight of device-resident offsets: every sequence must fit */
@@ -382,7 +379,7 @@ fa_status std_run(const fa_problem *pb, bool probs) {
       k0 = ck[s], nk = ck[s + 1] - ck[s];
       lse0 = q0, lse_hs = pb->total_q;
     }
-    if (pr->seqused_k) nk = std::min<int64_t>(nk, std::max<int32_t>(0, used[(size_t)s]));
+    if (pb->seqused_k) nk = std::min<int64_t>(nk, std::max<int32_t>(0, used[(size_t)s]));
     if (nq == 0) return FA_OK;
     float *S = (float *)pb->workspace + (whole ? s * seq_floats : 0);
     const char *Q = (const char *)pb->q.data + fa_tensor_offset(&pb->q, qb, q0, 0) * es;
@@ -422,18 +419,18 @@ fa_status std_run(const fa_problem *pb, bool probs) {
       sa.nq = (int)nq;
       sa.nk = (int)nk;
       sa.d = D;
-      sa.softcap = pr->softcap;
-      sa.alibi = pr->alibi_slopes ? pr->alibi_slopes + s * pr->alibi_stride_batch : NULL;
+      sa.softcap = pb->softcap;
+      sa.alibi = pb->alibi_slopes ? pb->alibi_slopes + s * pb->alibi_stride_batch : NULL;
       sa.mk =
-          fa_mask_make(nq, nk, pr->causal, pr->window_enabled, pr->window_left, pr->window_right);
-      if (pr->shard_enabled) fa_mask_shard(&sa.mk, pb->q_pos, pb->k_pos);
-      sa.bm = pr->block_mask ? pr->block_mask + s * pr->block_mask_stride_batch : NULL;
-      sa.bm_sh = pr->block_mask_stride_head;
+          fa_mask_make(nq, nk, pb->causal, pb->window_enabled, pb->window_left, pb->window_right);
+      if (pb->shard_enabled) fa_mask_shard(&sa.mk, pb->q_pos, pb->k_pos);
+      sa.bm = pb->block_mask ? pb->block_mask + s * pb->block_mask_stride_batch : NULL;
+      sa.bm_sh = pb->block_mask_stride_head;
       sa.bm_sr = pb->block_mask_stride_row;
-      sa.bq = pr->block_size_q;
-      sa.bk = pr->block_size_k;
-      sa.drop = fa_problem_dropout(pb);
-      if (!(pr->dropout_p > 0)) sa.drop.keep_scale = 0.f;
+      sa.bq = pb->block_size_q;
+      sa.bk = pb->block_size_k;
+      sa.drop = pb->dropout;
+      if (!(pb->dropout_p > 0)) sa.drop.keep_scale = 0.f;
       sa.bh0 = (uint32_t)(s * H);
       const dim3 grid((unsigned)nq, (unsigned)H);
       if (probs)
@@ -495,7 +492,7 @@ fa_status fa_cuda_check(const fa_problem *pb, fa_pass pass) {
     return fa_set_error(FA_ERR_UNSUPPORTED,
                         "cuda: paged KV caches and the KV-cache call run on the flash kernels "
                         "(FA_ALGO_FLASH2), not FA_ALGO_STANDARD");
-  if (pb->page_size && (pb->params->dropout_p > 0 || pb->params->block_mask))
+  if (pb->page_size && (pb->dropout_p > 0 || pb->block_mask))
     return fa_set_error(FA_ERR_UNSUPPORTED,
                         "cuda: a paged KV cache (params.block_table) takes no dropout or block "
                         "mask on CUDA");

@@ -25,14 +25,13 @@ inline int padded_headdim(int64_t d) {
   return d <= 32 ? 32 : d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : d <= 192 ? 192 : 256;
 }
 
-inline bool is_flash(const fa_problem *pb) { return pb->params->algorithm != FA_ALGO_STANDARD; }
+inline bool is_flash(const fa_problem *pb) { return pb->algorithm != FA_ALGO_STANDARD; }
 
 /* Workspace parts start on 256-byte boundaries. */
 inline size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 /* The fields FwdArgs and BwdArgs share: inputs, sizes, score transform, masks, varlen. */
 inline void fill_common_args(AttnArgs &a, const fa_problem *pb) {
-  const fa_params *pr = pb->params;
   a.q = pb->q.data;
   a.k = pb->k.data;
   a.v = pb->v.data;
@@ -50,12 +49,12 @@ inline void fill_common_args(AttnArgs &a, const fa_problem *pb) {
   a.total_q = pb->total_q;
   const float log2e = FA_LOG2E;
   a.scale_log2 = pb->scale * log2e;
-  a.cap_log2 = pr->softcap > 0 ? pr->softcap * log2e : 0.f;
-  a.scale_over_cap = pr->softcap > 0 ? pb->scale / pr->softcap : 0.f;
-  a.alibi = pr->alibi_slopes;
-  a.alibi_sb = pr->alibi_stride_batch;
-  a.cu_q = pb->varlen ? pr->cu_seqlens_q : NULL;
-  a.cu_k = pb->varlen ? pr->cu_seqlens_k : NULL;
+  a.cap_log2 = pb->softcap > 0 ? pb->softcap * log2e : 0.f;
+  a.scale_over_cap = pb->softcap > 0 ? pb->scale / pb->softcap : 0.f;
+  a.alibi = pb->alibi_slopes;
+  a.alibi_sb = pb->alibi_stride_batch;
+  a.cu_q = pb->varlen ? pb->cu_seqlens_q : NULL;
+  a.cu_k = pb->varlen ? pb->cu_seqlens_k : NULL;
   a.used_k = pb->k_used; /* seqused_k, or the KV-cache call's cache_seqlens */
   a.used_add = (int)pb->k_used_add;
   a.k_start = pb->k_start;
@@ -64,21 +63,21 @@ inline void fill_common_args(AttnArgs &a, const fa_problem *pb) {
   a.block_table = pb->block_table;
   a.bt_stride = pb->block_table_stride;
   a.page = (int)pb->page_size;
-  a.causal = pr->causal;
-  a.window_enabled = pr->window_enabled;
-  a.window_left = pr->window_left;
-  a.window_right = pr->window_right;
+  a.causal = pb->causal;
+  a.window_enabled = pb->window_enabled;
+  a.window_left = pb->window_left;
+  a.window_right = pb->window_right;
   /* api.c bounds a shard's positions and lengths by 2^31 - 1 */
-  a.shard = pr->shard_enabled != 0;
+  a.shard = pb->shard_enabled != 0;
   a.diag_shift = a.shard ? (int)(pb->q_pos - pb->k_pos - (pb->k.seqlen - pb->q.seqlen)) : 0;
-  a.drop = fa_problem_dropout(pb);
-  if (!(pr->dropout_p > 0)) a.drop.keep_scale = 0.f;
-  a.bmask = pr->block_mask;
-  a.bm_sb = pr->block_mask_stride_batch;
-  a.bm_sh = pr->block_mask_stride_head;
+  a.drop = pb->dropout;
+  if (!(pb->dropout_p > 0)) a.drop.keep_scale = 0.f;
+  a.bmask = pb->block_mask;
+  a.bm_sb = pb->block_mask_stride_batch;
+  a.bm_sh = pb->block_mask_stride_head;
   a.bm_sr = pb->block_mask_stride_row;
-  a.bm_q = (int)(pr->block_size_q < INT_MAX ? pr->block_size_q : INT_MAX);
-  a.bm_k = (int)(pr->block_size_k < INT_MAX ? pr->block_size_k : INT_MAX);
+  a.bm_q = (int)(pb->block_size_q < INT_MAX ? pb->block_size_q : INT_MAX);
+  a.bm_k = (int)(pb->block_size_k < INT_MAX ? pb->block_size_k : INT_MAX);
 }
 
 /* Calls f(std::integral_constant<int, Dp>()) for the padded head dim Dp of d. */

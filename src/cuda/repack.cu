@@ -86,7 +86,7 @@ void repack_plan(const fa_problem *pb, fa_pass pass, char *ws, size_t base, Repa
   rp->n = 0;
   rp->bytes = 0;
   const bool bwd = pass == FA_PASS_BACKWARD, varlen = pb->varlen;
-  const bool cache = pb->params->seqused_k != NULL;
+  const bool cache = pb->seqused_k != NULL;
   struct Slot {
     fa_tensor *t;
     const fa_tensor *like;
@@ -187,7 +187,7 @@ fa_status repack_around(const fa_problem *pb, fa_pass pass, size_t base,
   Repack rp;
   fa_problem view;
   repack_plan(pb, pass, (char *)pb->workspace, base, &rp, &view);
-  const cudaStream_t s = (cudaStream_t)pb->params->stream;
+  const cudaStream_t s = (cudaStream_t)pb->stream;
   fa_status st = repack_run(rp, true, s);
   if (st == FA_OK) st = run(&view);
   if (st == FA_OK) st = repack_run(rp, false, s);

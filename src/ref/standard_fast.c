@@ -86,7 +86,7 @@ static size_t sf_mats_layout(const fa_problem *pb, int bwd, char *base, sf_mats 
   t.P = sf_take(base, &off, n);
   if (bwd) {
     t.dS = sf_take(base, &off, n);
-    if (pb->params->softcap > 0.0f) t.T = sf_take(base, &off, n);
+    if (pb->softcap > 0.0f) t.T = sf_take(base, &off, n);
     t.Di = sf_take(base, &off, sf_units(pb) * pb->max_seqlen_q);
   }
   if (m) *m = t;
@@ -312,7 +312,7 @@ static void sf_ranges(const fa_mask *mk, sf_range_fn range, int64_t n, int32_t *
  * visible keys (elsewhere P is 0 already). */
 static void sf_dropout(const fa_problem *pb, const fa_kern *kn, float *X, const sf_item *w,
                        const int32_t *lo, const int32_t *hi) {
-  const fa_dropout dr = fa_problem_dropout(pb);
+  const fa_dropout dr = pb->dropout;
   const uint64_t bh = (uint64_t)(w->s * pb->heads_q + w->h);
   const int64_t nkp = fa_round_up(w->sq.nk, 16);
   for (int64_t i = w->r0; i < w->r1; i++)
@@ -326,13 +326,12 @@ static void sf_dropout(const fa_problem *pb, const fa_kern *kn, float *X, const 
  * [lo, hi) for the backward. */
 static void sf_scores(const fa_problem *pb, const fa_kern *kn, const sf_bufs *b, const sf_item *w,
                       float *X, float *T) {
-  const fa_params *pr = pb->params;
   const int64_t nk = w->sq.nk, nkp = fa_round_up(nk, 16);
   if (nk == 0) return;
   sf_gemm_nt(pb, kn, b->lo + w->r0, b->hi + w->r0, X, b->Q, b->KT, w->r1 - w->r0, nk, pb->scale);
-  const float cap = pr->softcap;
+  const float cap = pb->softcap;
   const float slope =
-      pr->alibi_slopes ? pr->alibi_slopes[w->s * pr->alibi_stride_batch + w->h] : 0.0f;
+      pb->alibi_slopes ? pb->alibi_slopes[w->s * pb->alibi_stride_batch + w->h] : 0.0f;
   for (int64_t i = w->r0; i < w->r1; i++) {
     float *row = X + (i - w->r0) * nkp;
     const int32_t lo = b->lo[i], hi = b->hi[i];
@@ -349,7 +348,7 @@ static void sf_scores(const fa_problem *pb, const fa_kern *kn, const sf_bufs *b,
     const uint8_t *brow = fa_problem_block_row(pb, w->s, w->h, i);
     if (brow)
       for (int64_t j = lo; j < hi; j++)
-        if (!brow[j / pr->block_size_k]) row[j] = -INFINITY;
+        if (!brow[j / pb->block_size_k]) row[j] = -INFINITY;
   }
 }
 
@@ -419,7 +418,7 @@ static void sf_fwd_probs(const fa_problem *pb, const fa_kern *kn, const sf_item 
   }
   float *lse = pb->lse ? pb->lse + sq->lse0 + w->h * sq->lse_head_stride + w->r0 : b.O;
   sf_softmax(pb, kn, &b, w, P, lse, NULL);
-  if (pb->params->dropout_p > 0.0f) sf_dropout(pb, kn, P, w, b.lo, b.hi);
+  if (pb->dropout_p > 0.0f) sf_dropout(pb, kn, P, w, b.lo, b.hi);
 }
 
 /* Rows [r0, r1) of the item's head (row ranges set): out = M X (M those rows of a whole-batch
@@ -479,7 +478,7 @@ static void sf_bwd_probs(const fa_problem *pb, const fa_kern *kn, const sf_item 
   sf_load_qk(pb, kn, w, &b);
   sf_scores(pb, kn, &b, w, P, m.T ? sf_mat(pb, m.T, w) + row0 : NULL);
   const float *lse_in =
-      pb->params->shard_enabled ? pb->lse + sq->lse0 + w->h * sq->lse_head_stride + w->r0 : NULL;
+      pb->shard_enabled ? pb->lse + sq->lse0 + w->h * sq->lse_head_stride + w->r0 : NULL;
   sf_softmax(pb, kn, &b, w, P, Di, lse_in); /* its lse lands in Di, overwritten below */
   sf_load_rows(pb, kn, b.dO, &pb->dout, sq->qb, sq->q0 + w->r0, w->h, n);
   sf_load_rows(pb, kn, b.dQ, &pb->o, sq->qb, sq->q0 + w->r0, w->h, n);
@@ -496,7 +495,7 @@ static void sf_bwd_dscores(const fa_problem *pb, const fa_kern *kn, const sf_ite
   float *P = sf_mat(pb, m.P, w) + row0, *dS = sf_mat(pb, m.dS, w) + row0;
   const float *Di = sf_di(pb, &m, w);
   const float *T = m.T ? sf_mat(pb, m.T, w) + row0 : NULL;
-  const int dropout = pb->params->dropout_p > 0.0f;
+  const int dropout = pb->dropout_p > 0.0f;
   sf_load_rows(pb, kn, b.dO, &pb->dout, sq->qb, sq->q0 + w->r0, w->h, n);
   sf_load_rows_t(pb, kn, b.VT, &pb->v, sq->kb, sq->k0, sf_kv_head(pb, w->h), sq->nk);
   sf_gemm_nt(pb, kn, b.lo + w->r0, b.hi + w->r0, dS, b.dO, b.VT, n, sq->nk, 1.0f); /* dP */

@@ -58,8 +58,7 @@ static void SFX(ref_load_rows)(REAL *dst, const fa_problem *pb, const fa_tensor 
 }
 
 static REAL SFX(ref_slope)(const fa_problem *pb, int64_t s, int64_t h) {
-  const fa_params *pr = pb->params;
-  return pr->alibi_slopes ? (REAL)pr->alibi_slopes[s * pr->alibi_stride_batch + h] : 0;
+  return pb->alibi_slopes ? (REAL)pb->alibi_slopes[s * pb->alibi_stride_batch + h] : 0;
 }
 
 /* Dropout's multiplier of P[i][j] of matrix bh: 0 or 1 / (1 - p). */
@@ -77,14 +76,14 @@ static void SFX(ref_probabilities)(const fa_problem *pb, int64_t s, const fa_seq
                                    const fa_mask *mk, int64_t h, REAL slope, const REAL *kb,
                                    REAL *p, REAL *tanh_out, REAL *qrow, float *lse_out,
                                    fa_dtype keep, const float *lse_in) {
-  const float cap = pb->params->softcap;
+  const float cap = pb->softcap;
   const int64_t D = pb->headdim, nk = sq->nk;
   for (int64_t i = 0; i < sq->nq; i++) {
     REAL *row = p + i * nk;
     int64_t lo, hi;
     fa_mask_row_range(mk, i, &lo, &hi);
     const uint8_t *brow = fa_problem_block_row(pb, s, h, i);
-    const int64_t bk = pb->params->block_size_k;
+    const int64_t bk = pb->block_size_k;
 #define REF_VISIBLE(j) ((j) >= lo && (j) < hi && (!brow || brow[(j) / bk]))
     LOAD_ROW(qrow, SFX(ref_row)(&pb->q, sq->qb, sq->q0 + i, h), pb->dtype, D);
     REAL mx = -INFINITY;
@@ -142,19 +141,18 @@ static fa_status SFX(ref_forward)(const fa_problem *pb) {
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
   for (int64_t u = 0; u < units; u++) {
     const int64_t s = u / pb->heads_q, h = u % pb->heads_q, hk = h / pb->group;
-    const fa_params *pr = pb->params;
     fa_seq sq;
     REAL *p = SFX(ref_head_probs)(pb, u, slice, 2, pb->dtype, 1, &sq);
     REAL *vb = p + (size_t)pb->max_seqlen_q * (size_t)pb->max_seqlen_k + pb->max_seqlen_k * D;
     REAL *orow = vb + pb->max_seqlen_k * D + D; /* after the unit's q row */
     SFX(ref_load_rows)(vb, pb, &pb->v, &sq, sq.nk, hk);
-    const fa_dropout dr = fa_problem_dropout(pb);
+    const fa_dropout dr = pb->dropout;
     const uint64_t bh = (uint64_t)(s * pb->heads_q + h);
     for (int64_t i = 0; i < sq.nq; i++) {
       memset(orow, 0, (size_t)D * sizeof(REAL));
       for (int64_t j = 0; j < sq.nk; j++) {
         REAL w = p[i * sq.nk + j];
-        if (w != 0) w *= SFX(ref_dropout)(&dr, pr->dropout_p, bh, i, j);
+        if (w != 0) w *= SFX(ref_dropout)(&dr, pb->dropout_p, bh, i, j);
         if (w != 0) SFX(ref_axpy)(orow, w, vb + j * D, D);
       }
       STORE_ROW((char *)SFX(ref_row)(&pb->o, sq.qb, sq.q0 + i, h), orow, pb->dtype, D);
@@ -176,7 +174,6 @@ static fa_status SFX(ref_backward)(const fa_problem *pb) {
   for (int64_t u = 0; u < units; u++) {
     const int64_t s = u / pb->heads_k, hk = u % pb->heads_k;
     const fa_seq sq = fa_problem_seq(pb, s);
-    const fa_params *pr = pb->params;
     const fa_mask mk = fa_problem_mask(pb, &sq);
     const int64_t nk = sq.nk, MK = pb->max_seqlen_k;
     REAL *p = (REAL *)((char *)pb->workspace + (size_t)omp_get_thread_num() * slice);
@@ -187,10 +184,10 @@ static fa_status SFX(ref_backward)(const fa_problem *pb) {
     memset(dkb, 0, (size_t)(nk * D) * sizeof(REAL));
     memset(dvb, 0, (size_t)(nk * D) * sizeof(REAL));
     for (int64_t h = hk * pb->group; h < (hk + 1) * pb->group; h++) {
-      const float *lse_in = pr->shard_enabled ? pb->lse + sq.lse0 + h * sq.lse_head_stride : NULL;
+      const float *lse_in = pb->shard_enabled ? pb->lse + sq.lse0 + h * sq.lse_head_stride : NULL;
       const REAL slope = SFX(ref_slope)(pb, s, h);
       SFX(ref_probabilities)(pb, s, &sq, &mk, h, slope, kb, p, ds, qrow, NULL, pb->dtype, lse_in);
-      const fa_dropout dr = fa_problem_dropout(pb);
+      const fa_dropout dr = pb->dropout;
       const uint64_t bh = (uint64_t)(s * pb->heads_q + h);
       for (int64_t i = 0; i < sq.nq; i++) {
         const REAL *prow = p + i * nk;
@@ -200,7 +197,7 @@ static fa_status SFX(ref_backward)(const fa_problem *pb) {
         REAL di = 0;
         /* with dropout's Z: dV += Z P dO, dP~ = Z (dO V^T), dS = P (dP~ - rowsum(P dP~)) */
         for (int64_t j = 0; j < nk; j++) {
-          REAL z = prow[j] != 0 ? SFX(ref_dropout)(&dr, pr->dropout_p, bh, i, j) : 0;
+          REAL z = prow[j] != 0 ? SFX(ref_dropout)(&dr, pb->dropout_p, bh, i, j) : 0;
           dprow[j] = z != 0 ? z * SFX(ref_dot)(dorow, vb + j * D, D) : 0;
           di += prow[j] * dprow[j];
           if (z != 0) SFX(ref_axpy)(dvb + j * D, z * prow[j], dorow, D);
@@ -212,7 +209,7 @@ static fa_status SFX(ref_backward)(const fa_problem *pb) {
         memset(dqrow, 0, (size_t)D * sizeof(REAL));
         for (int64_t j = 0; j < nk; j++) {
           REAL g = prow[j] * (dprow[j] - di);
-          if (pr->softcap > 0 && prow[j] != 0) g *= 1 - dsrow[j] * dsrow[j];
+          if (pb->softcap > 0 && prow[j] != 0) g *= 1 - dsrow[j] * dsrow[j];
           dsrow[j] = g; /* dS is materialised, as in Algorithm 0's backward */
           if (g == 0) continue;
           SFX(ref_axpy)(dqrow, g, kb + j * D, D);
@@ -244,16 +241,15 @@ static fa_status SFX(ref_probs)(const fa_problem *pb) {
   const int nt = SFX(ref_threads)(pb, units);
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
   for (int64_t u = 0; u < units; u++) {
-    const fa_params *pr = pb->params;
     fa_seq sq;
     const REAL *p = SFX(ref_head_probs)(pb, u, slice, 1, FA_DTYPE_F64, 0, &sq);
-    const fa_dropout dr = fa_problem_dropout(pb);
+    const fa_dropout dr = pb->dropout;
     float *out = pb->probs + (size_t)u * (size_t)rows * (size_t)cols;
     for (int64_t i = 0; i < rows; i++)
       for (int64_t j = 0; j < cols; j++) {
         float x = i < sq.nq && j < sq.nk ? (float)p[i * sq.nk + j] : 0.f;
         /* u is the dropout matrix index: sequence * heads_q + head */
-        if (pr->dropout_p > 0 && i < sq.nq && j < sq.nk && !fa_dropout_keep(&dr, (uint64_t)u, i, j))
+        if (pb->dropout_p > 0 && i < sq.nq && j < sq.nk && !fa_dropout_keep(&dr, (uint64_t)u, i, j))
           x = -x;
         out[i * cols + j] = x;
       }

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
 from bench_decode import graph_us  # noqa: E402
 from bench_sdpa import BACKENDS, FaParams, FaTensor, Ours  # noqa: E402
 

@@ -258,6 +258,12 @@ MUT(dtype_o_f16, s->o.dtype = FA_DTYPE_F16)
 MUT(dtype_dq_f16, s->dq.dtype = FA_DTYPE_F16)
 MUT(dtype_dout_bf16, s->dout.dtype = FA_DTYPE_BF16)
 MUT(dtype_invalid, set_dtype_all(s, (fa_dtype)9))
+/* broadcast q heads (stride 0) describing 2^50 x the rest: refused before any
+ * buffer is sized (a workspace size once overflowed here) */
+MUT(problem_too_large, {
+  s->q.heads = s->o.heads = s->oin.heads = s->dout.heads = s->dq.heads = (int64_t)1 << 50;
+  s->q.stride_head = s->oin.stride_head = s->dout.stride_head = 0;
+})
 MUT(heads_not_multiple, {
   reshape(&s->q, VB, VNQ, 3, VD);
   reshape(&s->o, VB, VNQ, 3, VD);
@@ -450,6 +456,7 @@ static const vcase k_cases[] = {
     {"dtype-dq-mismatch", mut_dtype_dq_f16, CB, FA_ERR_INVALID_ARGUMENT, 0, "dtype"},
     {"dtype-dout-mismatch", mut_dtype_dout_bf16, CB, FA_ERR_INVALID_ARGUMENT, 0, "dtype"},
     {"dtype-invalid", mut_dtype_invalid, CALL, FA_ERR_INVALID_ARGUMENT, 0, "dtype"},
+    {"problem-too-large", mut_problem_too_large, CALL, FA_ERR_INVALID_ARGUMENT, 0, "too large"},
     {"heads-not-multiple", mut_heads_not_multiple, CALL, FA_ERR_INVALID_ARGUMENT, 0, "heads"},
     {"heads-k-more-than-q", mut_heads_k_more_than_q, CALL, FA_ERR_INVALID_ARGUMENT, 0, "heads"},
     {"batch-k-mismatch", mut_batch_k_mismatch, CALL, FA_ERR_INVALID_ARGUMENT, 0, "batch"},

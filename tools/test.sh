@@ -166,7 +166,7 @@ fuzz_run() {
   mkdir -p build-fuzz/corpus
   if ! LSAN_OPTIONS=suppressions=$PWD/tests/fuzz/lsan.supp UBSAN_OPTIONS=print_stacktrace=1 \
     fuzz ./build-fuzz/bin/fa_libfuzzer -max_total_time=60 -max_len=256 -len_control=0 \
-    -print_final_stats=1 -artifact_prefix=build-fuzz/ build-fuzz/corpus \
+    -print_final_stats=1 -artifact_prefix=build-fuzz/ build-fuzz/corpus tests/fuzz/regress \
     >build-fuzz/libfuzzer.log 2>&1; then
     tail -60 build-fuzz/libfuzzer.log
     echo "libFuzzer failed: the input is in build-fuzz/ (crash-*, leak-*, timeout-*);" \

@@ -181,6 +181,14 @@ if AVAILABLE:
             raise ValueError("flashattn: q, k and v must be on the same device (q is on %s, "
                              "k on %s, v on %s)" % (q.device, k.device, v.device))
 
+    def _check_devices(q, named):
+        # a tensor on another device makes the dispatcher pick that device's kernel (a
+        # meta one: this one): refused here as the kernels refuse it
+        for name, x in named:
+            if x is not None and x.device != q.device:
+                raise ValueError("flashattn: %s must be on the same device as q (%s), got %s"
+                                 % (name, q.device, x.device))
+
     @torch.library.register_fake("flashattn::fwd")
     def _fwd_fake(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
                   alibi_slopes=None, block_mask=None, softmax_scale=None, causal=False,
@@ -189,6 +197,9 @@ if AVAILABLE:
                   shard_q=-1, shard_k=-1, block_table=None, num_splits=0):
         varlen = cu_seqlens_q is not None
         _check_fake(q, k, v, varlen, block_table is not None)
+        _check_devices(q, (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
+                           ("seqused_k", seqused_k), ("alibi_slopes", alibi_slopes),
+                           ("block_mask", block_mask), ("block_table", block_table)))
         if bhnd:  # (batch, seqlen, heads, headdim) memory, as the kernels allocate it
             b, h, n, d = q.shape
             out = q.new_empty((b, n, h, d)).transpose(1, 2)
@@ -224,6 +235,11 @@ if AVAILABLE:
             if x.device != q.device:
                 raise ValueError("flashattn: q, k_cache and v_cache must be on the same "
                                  "device (q is on %s, %s on %s)" % (q.device, name, x.device))
+        _check_devices(q, (("cache_seqlens", cache_seqlens), ("k", k), ("v", v),
+                           ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                           ("cache_batch_idx", cache_batch_idx),
+                           ("cache_leftpad", cache_leftpad), ("block_table", block_table),
+                           ("alibi_slopes", alibi_slopes)))
         lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
         return torch.empty_like(q), lse
 else:

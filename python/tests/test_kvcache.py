@@ -432,3 +432,109 @@ def test_varlen_block_table_backward_raises():
         flashattn.flash_attn_varlen_func(q.detach().numpy(), kc.detach().numpy(),
                                          vc.detach().numpy(), cu_q, cu_k,
                                          block_table=bt, return_attn_probs=True)
+
+
+# ---- argument errors: clear messages, nothing written ----------------------------------
+
+
+def _bad_calls(kind):
+    """(expected exception, message pattern, keyword changes) for a paged append call."""
+    c = _Case(21, nq=2, nnew=2, page=16, causal=True, rotary=16)
+    if kind == "numpy":
+        conv, f16, i64 = (lambda x: x), np.float16, np.int64
+        meta = None
+    else:
+        conv, f16, i64 = torch.from_numpy, torch.float16, torch.int64
+        meta = torch.empty(c.b, c.maxb, dtype=torch.int32, device="meta")
+    base = dict(q=c.q, k_cache=c.kc, v_cache=c.vc, k=c.k, v=c.v, rotary_cos=c.cos,
+                rotary_sin=c.sin, cache_seqlens=c.seqlens, block_table=c.block_table,
+                causal=True)
+    base = {n: conv(x) if isinstance(x, np.ndarray) else x for n, x in base.items()}
+    bt, cos = base["block_table"], base["rotary_cos"]
+    bad = [
+        (TypeError, "integer", dict(block_table=bt.astype(np.float32) if kind == "numpy"
+                                    else bt.float())),
+        (ValueError, "block_table must have shape", dict(block_table=bt[:2])),
+        (ValueError, "block_table must have shape", dict(block_table=bt.reshape(-1))),
+        (flashattn.InvalidArgumentError, "block_table", dict(block_table=bt * 0 + 10 ** 6)),
+        (flashattn.InvalidArgumentError, "block_table", dict(block_table=bt * 0 - 1)),
+        (ValueError, "cache_seqlens must have shape", dict(cache_seqlens=base["cache_seqlens"][:2])),
+        (TypeError, "integer", dict(cache_seqlens=conv(c.seqlens.astype(np.float32)))),
+        (flashattn.InvalidArgumentError, "cache_seqlens", dict(cache_seqlens=c.cap - 1)),
+        (flashattn.InvalidArgumentError, "cache_seqlens", dict(cache_seqlens=-1)),
+        (TypeError, "cache_seqlens must be an int", dict(cache_seqlens=1.5)),
+        (TypeError, "dtype", dict(rotary_cos=cos.astype(f16) if kind == "numpy"
+                                  else cos.to(f16), rotary_sin=cos.astype(f16)
+                                  if kind == "numpy" else cos.to(f16))),
+        (ValueError, "together", dict(rotary_sin=None)),
+        (ValueError, "rotary_cos must have shape", dict(rotary_cos=cos[0], rotary_sin=cos[0])),
+        (ValueError, "same shape", dict(rotary_sin=cos[:, :4])),
+        (flashattn.InvalidArgumentError, "rotary_seqlen", dict(rotary_cos=cos[:10],
+                                                                rotary_sin=cos[:10])),
+        (ValueError, "rotary", dict(k=None, v=None)),
+        (ValueError, "together", dict(v=None)),
+        (TypeError, "dtype", dict(k=base["k"].astype(f16) if kind == "numpy"
+                                  else base["k"].to(f16))),
+        (ValueError, "shape", dict(v=base["v"][:, :1])),
+        (flashattn.InvalidArgumentError, "cache_batch_idx",
+         dict(cache_batch_idx=conv(np.zeros(c.b, dtype=np.int32)))),
+        (flashattn.InvalidArgumentError, "cache_leftpad",
+         dict(cache_leftpad=conv(np.zeros(c.b, dtype=np.int32)))),
+        (ValueError, "num_splits", dict(num_splits=129)),
+        (ValueError, "k_cache must have 4 dimensions", dict(k_cache=base["k_cache"][0],
+                                                              v_cache=base["v_cache"][0])),
+        (ValueError, "alibi_slopes", dict(alibi_slopes=conv(np.ones(3, dtype=np.float32)))),
+    ]
+    if meta is not None:
+        bad.append((ValueError, "device", dict(block_table=meta)))
+        bad.append((ValueError, "device", dict(cache_leftpad=torch.zeros(c.b, dtype=torch.int32,
+                                                                          device="meta"),
+                                               block_table=None)))
+    del i64
+    return c, base, bad
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bad_arguments_raise_and_write_nothing(kind):
+    c, base, bad = _bad_calls(kind)
+    for exc, pattern, change in bad:
+        kw = dict(base, **change)
+        as_np = (lambda x: x.copy()) if kind == "numpy" else (lambda x: x.numpy().copy())
+        kc0, vc0 = as_np(kw["k_cache"]), as_np(kw["v_cache"])
+        with pytest.raises(exc, match=pattern):
+            flashattn.flash_attn_with_kvcache(**kw)
+        assert np.array_equal(as_np(kw["k_cache"]), kc0, equal_nan=True), pattern
+        assert np.array_equal(as_np(kw["v_cache"]), vc0, equal_nan=True), pattern
+
+
+def test_read_only_numpy_cache():
+    c = _Case(2, nq=1, nnew=1)
+    c.kc.setflags(write=False)
+    with pytest.raises(ValueError, match="writable"):
+        flashattn.flash_attn_with_kvcache(c.q, c.kc, c.vc, c.k, c.v, cache_seqlens=c.seqlens)
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+def test_kvcache_gradient_is_refused():
+    c = _Case(2, nq=1, nnew=1)
+    q = torch.from_numpy(c.q).requires_grad_()
+    out = flashattn.flash_attn_with_kvcache(q, torch.from_numpy(c.kc), torch.from_numpy(c.vc),
+                                            torch.from_numpy(c.k), torch.from_numpy(c.v),
+                                            cache_seqlens=torch.from_numpy(c.seqlens))
+    with pytest.raises(RuntimeError, match="kvcache|derivative|autograd"):
+        out.sum().backward()
+
+
+@pytest.mark.skipif(torch is None or not hasattr(torch.library, "opcheck"),
+                    reason="needs torch.library.opcheck")
+def test_kvcache_opcheck():
+    """Schema (mutated caches), fake kernel and autograd registration agree."""
+    c = _Case(9, nq=2, nnew=2, page=16, causal=True, rotary=16, seqlens=20)
+    c.kc[np.isnan(c.kc)] = 0  # opcheck compares runs: no NaN anywhere
+    c.vc[np.isnan(c.vc)] = 0
+    t = {n: torch.from_numpy(getattr(c, n)) for n in ("q", "kc", "vc", "seqlens", "k", "v",
+                                                      "cos", "sin", "block_table")}
+    torch.library.opcheck(torch.ops.flashattn.kvcache.default,
+                          (t["q"], t["kc"], t["vc"], t["seqlens"]),
+                          dict(k=t["k"], v=t["v"], rotary_cos=t["cos"], rotary_sin=t["sin"],
+                               block_table=t["block_table"], causal=True))

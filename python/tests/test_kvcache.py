@@ -441,10 +441,10 @@ def _bad_calls(kind):
     """(expected exception, message pattern, keyword changes) for a paged append call."""
     c = _Case(21, nq=2, nnew=2, page=16, causal=True, rotary=16)
     if kind == "numpy":
-        conv, f16, i64 = (lambda x: x), np.float16, np.int64
+        conv, f16 = (lambda x: x), np.float16
         meta = None
     else:
-        conv, f16, i64 = torch.from_numpy, torch.float16, torch.int64
+        conv, f16 = torch.from_numpy, torch.float16
         meta = torch.empty(c.b, c.maxb, dtype=torch.int32, device="meta")
     base = dict(q=c.q, k_cache=c.kc, v_cache=c.vc, k=c.k, v=c.v, rotary_cos=c.cos,
                 rotary_sin=c.sin, cache_seqlens=c.seqlens, block_table=c.block_table,
@@ -458,7 +458,8 @@ def _bad_calls(kind):
         (ValueError, "block_table must have shape", dict(block_table=bt.reshape(-1))),
         (flashattn.InvalidArgumentError, "block_table", dict(block_table=bt * 0 + 10 ** 6)),
         (flashattn.InvalidArgumentError, "block_table", dict(block_table=bt * 0 - 1)),
-        (ValueError, "cache_seqlens must have shape", dict(cache_seqlens=base["cache_seqlens"][:2])),
+        (ValueError, "cache_seqlens must have shape",
+         dict(cache_seqlens=base["cache_seqlens"][:2])),
         (TypeError, "integer", dict(cache_seqlens=conv(c.seqlens.astype(np.float32)))),
         (flashattn.InvalidArgumentError, "cache_seqlens", dict(cache_seqlens=c.cap - 1)),
         (flashattn.InvalidArgumentError, "cache_seqlens", dict(cache_seqlens=-1)),
@@ -490,7 +491,6 @@ def _bad_calls(kind):
         bad.append((ValueError, "device", dict(cache_leftpad=torch.zeros(c.b, dtype=torch.int32,
                                                                           device="meta"),
                                                block_table=None)))
-    del i64
     return c, base, bad
 
 

@@ -103,7 +103,7 @@ PyObject *wrap3(Tensors3 &&r) {
 
 // args: cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask, softmax_scale,
 // causal, window_left, window_right, softcap, dropout_p, rng_state, deterministic,
-// algorithm, block_size_q, block_size_k, bhnd, shard_q, shard_k
+// algorithm, block_size_q, block_size_k, bhnd, shard_q, shard_k, block_table, num_splits
 bool options_arg(PyObject *const *a, Options *o) {
   return optional_tensor_arg(a[0], &o->cu_seqlens_q) &&
          optional_tensor_arg(a[1], &o->cu_seqlens_k) && optional_tensor_arg(a[2], &o->seqused_k) &&
@@ -114,10 +114,11 @@ bool options_arg(PyObject *const *a, Options *o) {
          optional_tensor_arg(a[11], &o->rng_state) && bool_arg(a[12], &o->deterministic) &&
          int_arg(a[13], &o->algorithm) && int_arg(a[14], &o->block_size_q) &&
          int_arg(a[15], &o->block_size_k) && bool_arg(a[16], &o->bhnd) &&
-         int_arg(a[17], &o->shard_q) && int_arg(a[18], &o->shard_k);
+         int_arg(a[17], &o->shard_q) && int_arg(a[18], &o->shard_k) &&
+         optional_tensor_arg(a[19], &o->block_table) && int_arg(a[20], &o->num_splits);
 }
 
-constexpr Py_ssize_t kOptions = 19;
+constexpr Py_ssize_t kOptions = 21;
 
 PyObject *fwd(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
@@ -133,7 +134,8 @@ PyObject *fwd(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     r = fwd_op().call(*q, *k, *v, o.cu_seqlens_q, o.cu_seqlens_k, o.seqused_k, o.alibi_slopes,
                       o.block_mask, o.softmax_scale, o.causal, o.window_left, o.window_right,
                       o.softcap, o.dropout_p, o.rng_state, o.deterministic, o.algorithm,
-                      o.block_size_q, o.block_size_k, o.bhnd, o.shard_q, o.shard_k);
+                      o.block_size_q, o.block_size_k, o.bhnd, o.shard_q, o.shard_k, o.block_table,
+                      o.num_splits);
   }
   return wrap3(std::move(r));
   END_HANDLE_TH_ERRORS
@@ -154,7 +156,7 @@ PyObject *bwd(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
                       o.seqused_k, o.alibi_slopes, o.block_mask, o.softmax_scale, o.causal,
                       o.window_left, o.window_right, o.softcap, o.dropout_p, o.rng_state,
                       o.deterministic, o.algorithm, o.block_size_q, o.block_size_k, o.bhnd,
-                      o.shard_q, o.shard_k);
+                      o.shard_q, o.shard_k, o.block_table, o.num_splits);
   }
   return wrap3(std::move(r));
   END_HANDLE_TH_ERRORS
@@ -162,10 +164,10 @@ PyObject *bwd(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
 
 PyMethodDef methods[] = {
     {"fwd", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fwd)), METH_FASTCALL,
-     "flashattn::fwd with the schema's 20 arguments, positionally; NotImplemented if it "
+     "flashattn::fwd with the schema's 24 arguments, positionally; NotImplemented if it "
      "does not take them as they are."},
     {"bwd", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&bwd)), METH_FASTCALL,
-     "flashattn::bwd with the schema's 23 arguments, positionally; NotImplemented if it "
+     "flashattn::bwd with the schema's 27 arguments, positionally; NotImplemented if it "
      "does not take them as they are."},
     {nullptr, nullptr, 0, nullptr}};
 

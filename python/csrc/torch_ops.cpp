@@ -1,6 +1,8 @@
 // flashattn's PyTorch operators: flashattn::fwd and flashattn::bwd, registered with the
 // dispatcher for CPU and CUDA tensors, with a C++ autograd kernel so that a backward pass
-// costs one operator call. The shape (fake) kernels live in python/flashattn/_ops.py.
+// costs one operator call; and flashattn::kvcache (flash_attn_with_kvcache, inference
+// only), which writes the new keys and values into its cache arguments. The shape (fake) kernels
+// live in python/flashattn/_ops.py.
 //
 // Every call resolves its arguments into fa_params and fa_tensor descriptors, allocates
 // the outputs and the workspace with torch's allocators (the caching allocator on CUDA)
@@ -52,6 +54,13 @@ const c10::TypedOperatorHandle<FwdSignature> &fwd_op() {
 const c10::TypedOperatorHandle<BwdSignature> &bwd_op() {
   static const auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("flashattn::bwd", "").typed<BwdSignature>();
+  return op;
+}
+
+const c10::TypedOperatorHandle<KvcacheSignature> &kvcache_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("flashattn::kvcache", "")
+                             .typed<KvcacheSignature>();
   return op;
 }
 
@@ -155,13 +164,20 @@ fa_tensor describe(const Tensor &t, fa_dtype dt, Layout l) {
 
 // q, k and v: kind, rank, dtype, device, last stride and how their shapes relate (the
 // library checks the same, but an empty problem never reaches it).
-fa_dtype check_qkv(const Tensor &q, const Tensor &k, const Tensor &v, Layout l) {
-  const int64_t nd = l == Layout::packed ? 3 : 4;
+// kl: k's and v's layout (l, or (num_pages, page_size, heads, headdim) pools of a paged
+// cache); cache: k and v are a KV cache, whose batch may differ from q's.
+fa_dtype check_qkv(const Tensor &q, const Tensor &k, const Tensor &v, Layout l, Layout kl,
+                   bool paged, bool cache) {
   const Tensor *ts[3] = {&q, &k, &v};
-  const char *names[3] = {"q", "k", "v"};
-  for (int i = 0; i < 3; i++)
-    FA_VALUE_CHECK(ts[i]->dim() == nd, names[i], " must have ", nd, " dimensions ", layout_name(l),
-                   ", got shape ", ts[i]->sizes());
+  const char *names[3] = {"q", cache ? "k_cache" : "k", cache ? "v_cache" : "v"};
+  for (int i = 0; i < 3; i++) {
+    const Layout li = i == 0 ? l : kl;
+    const int64_t nd = li == Layout::packed ? 3 : 4;
+    FA_VALUE_CHECK(
+        ts[i]->dim() == nd, names[i], " must have ", nd, " dimensions ",
+        i > 0 && paged ? "(num_blocks, page_block_size, nheads_k, headdim)" : layout_name(li),
+        ", got shape ", ts[i]->sizes());
+  }
   const fa_dtype dt = dtype_of(q, "q");
   FA_TYPE_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
                 "q, k and v must have the same dtype (q is ", q.scalar_type(), ", k is ",
@@ -175,12 +191,12 @@ fa_dtype check_qkv(const Tensor &q, const Tensor &k, const Tensor &v, Layout l) 
                  v.sizes(), ")");
   FA_VALUE_CHECK(q.size(-1) == k.size(-1), "q and k must have the same head dimension (q ",
                  q.size(-1), ", k ", k.size(-1), ")");
-  if (l != Layout::packed)
+  if (l != Layout::packed && !paged && !cache)
     FA_VALUE_CHECK(q.size(0) == k.size(0), "q and k must have the same batch size (q ", q.size(0),
                    ", k ", k.size(0), ")");
-  const int hd = head_dim(l);
-  FA_VALUE_CHECK(k.size(hd) == 0 || q.size(hd) % k.size(hd) == 0, "the number of q heads (",
-                 q.size(hd), ") must be a multiple of the number of k/v heads (", k.size(hd), ")");
+  const int64_t hq = q.size(head_dim(l)), hk = k.size(head_dim(kl));
+  FA_VALUE_CHECK(hk == 0 || hq % hk == 0, "the number of q heads (", hq,
+                 ") must be a multiple of the number of k/v heads (", hk, ")");
   return dt;
 }
 
@@ -214,8 +230,8 @@ Tensor side_input(const Tensor &x, const char *name, const Tensor &q, at::Scalar
 struct Resolved {
   fa_params p;
   fa_dtype dt;
-  Layout layout;
-  Tensor keep[5];
+  Layout layout, kv_layout;  // q's (and out's); k's and v's
+  Tensor keep[6];
 };
 
 constexpr float kTinyScale = std::numeric_limits<float>::denorm_min();
@@ -230,7 +246,12 @@ Resolved resolve(const Tensor &q, const Tensor &k, const Tensor &v, const Option
   FA_VALUE_CHECK(!(varlen && o.bhnd),
                  "packed sequences (cu_seqlens) have no (batch, heads, seqlen, headdim) layout");
   r.layout = varlen ? Layout::packed : o.bhnd ? Layout::bhnd : Layout::bnhd;
-  r.dt = check_qkv(q, k, v, r.layout);
+  const bool paged = o.block_table.has_value();
+  FA_VALUE_CHECK(!(paged && o.bhnd),
+                 "block_table (a paged KV cache) has no (batch, heads, seqlen, headdim) layout");
+  // page pools are (num_pages, page_size, heads_k, headdim), whatever q's layout
+  r.kv_layout = paged ? Layout::bnhd : r.layout;
+  r.dt = check_qkv(q, k, v, r.layout, r.kv_layout, paged, o.kvcache);
   p.device = fa_device_of(q);
   FA_VALUE_CHECK(o.algorithm >= FA_ALGO_FLASH2 && o.algorithm <= FA_ALGO_STANDARD,
                  "unknown algorithm ", o.algorithm);
@@ -304,7 +325,7 @@ Resolved resolve(const Tensor &q, const Tensor &k, const Tensor &v, const Option
     }
     // the rows the mask must cover: the sequence length (varlen: the total, a bound)
     const int64_t nq = q.size(seq_dim(r.layout));
-    const int64_t nk = k.size(seq_dim(r.layout));
+    const int64_t nk = k.size(seq_dim(r.kv_layout));
     const int64_t need_q = (nq + o.block_size_q - 1) / o.block_size_q;
     const int64_t need_k = (nk + o.block_size_k - 1) / o.block_size_k;
     FA_VALUE_CHECK(m.dim() == 4 && (m.size(0) == 1 || m.size(0) == num_seqs) &&
@@ -325,6 +346,19 @@ Resolved resolve(const Tensor &q, const Tensor &k, const Tensor &v, const Option
     p.seqused_k = u.data_ptr<int32_t>();
     r.keep[4] = u;
   }
+  if (paged) {
+    Tensor bt = side_input(*o.block_table, "block_table", q, at::kInt);
+    FA_VALUE_CHECK(bt.dim() == 2 && bt.size(0) == num_seqs && bt.size(1) >= 1,
+                   "block_table must have shape (batch_size, max_num_blocks_per_seq) = (", num_seqs,
+                   ", >= 1), got ", bt.sizes());
+    p.block_table = bt.data_ptr<int32_t>();
+    p.block_table_stride = bt.size(1);
+    p.max_pages_per_seq = bt.size(1);
+    r.keep[5] = bt;
+  }
+  FA_VALUE_CHECK(o.num_splits >= 0 && o.num_splits <= 128,
+                 "num_splits must be in [0, 128] (0: chosen by the library), got ", o.num_splits);
+  p.num_splits = static_cast<int>(o.num_splits);
   if (o.rng_state.has_value() && o.dropout_p > 0) {
     const Tensor &s = *o.rng_state;
     FA_VALUE_CHECK(s.is_cpu() && s.scalar_type() == at::kLong && s.numel() == 2,
@@ -339,10 +373,12 @@ Resolved resolve(const Tensor &q, const Tensor &k, const Tensor &v, const Option
 
 // 0: a problem for the library; 1: no query rows (nothing to compute); 2: no keys (every
 // row fully masked). The library takes no empty tensors.
-int empty_problem(const Tensor &q, const Tensor &k, Layout l) {
+// A paged problem's keys are in its table: the library sees it whatever k's shape.
+int empty_problem(const Tensor &q, const Tensor &k, const Resolved &r) {
   if (q.size(-1) < 1 || q.size(-1) > FA_MAX_HEADDIM) return 0;  // the library's error
   if (q.numel() == 0) return 1;
-  return k.size(seq_dim(l)) == 0 ? 2 : 0;
+  if (r.p.block_table) return 0;
+  return k.size(seq_dim(r.kv_layout)) == 0 ? 2 : 0;
 }
 
 std::vector<int64_t> lse_shape(const Tensor &q, Layout l) {
@@ -415,12 +451,13 @@ Tensors3 fwd_kernel(const Tensor &q, const Tensor &k, const Tensor &v,
                     int64_t window_left, int64_t window_right, double softcap, double dropout_p,
                     const optional<Tensor> &rng_state, bool deterministic, int64_t algorithm,
                     int64_t block_size_q, int64_t block_size_k, bool bhnd, int64_t shard_q,
-                    int64_t shard_k) {
+                    int64_t shard_k, const optional<Tensor> &block_table, int64_t num_splits) {
   Resolved r = resolve(
       q, k, v,
-      Options{cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask, softmax_scale,
-              causal, window_left, window_right, softcap, dropout_p, rng_state, deterministic,
-              algorithm, block_size_q, block_size_k, bhnd, shard_q, shard_k});
+      Options{cu_seqlens_q,  cu_seqlens_k, seqused_k,    alibi_slopes, block_mask, softmax_scale,
+              causal,        window_left,  window_right, softcap,      dropout_p,  rng_state,
+              deterministic, algorithm,    block_size_q, block_size_k, bhnd,       shard_q,
+              shard_k,       block_table,  num_splits});
   DeviceScope scope(q, r.p);
   // SDPA's layout: out in (batch, seqlen, heads, headdim) memory order, so that the
   // caller's out.transpose(1, 2) is contiguous (as torch's CUDA flash SDPA returns it)
@@ -433,7 +470,7 @@ Tensors3 fwd_kernel(const Tensor &q, const Tensor &k, const Tensor &v,
   refuse_captured_draw(r.p, dropout_p, rng_state);
 #endif
   Tensor rng = make_rng_state(r, dropout_p, rng_state);
-  const int empty = empty_problem(q, k, r.layout);
+  const int empty = empty_problem(q, k, r);
   if (empty) {
     if (empty == 2) {
       out.zero_();
@@ -441,8 +478,8 @@ Tensors3 fwd_kernel(const Tensor &q, const Tensor &k, const Tensor &v,
     }
     return {out, lse, rng};
   }
-  fa_tensor tq = describe(q, r.dt, r.layout), tk = describe(k, r.dt, r.layout);
-  fa_tensor tv = describe(v, r.dt, r.layout), to = describe(out, r.dt, r.layout);
+  fa_tensor tq = describe(q, r.dt, r.layout), tk = describe(k, r.dt, r.kv_layout);
+  fa_tensor tv = describe(v, r.dt, r.kv_layout), to = describe(out, r.dt, r.layout);
   size_t bytes = 0;
   check_status(fa_workspace_size(FA_PASS_FORWARD, &r.p, &tq, &tk, &tv, &bytes), "fa_forward");
   Tensor ws = workspace(r.p, bytes, q);
@@ -458,14 +495,20 @@ Tensors3 bwd_kernel(const Tensor &dout, const Tensor &q, const Tensor &k, const 
                     int64_t window_right, double softcap, double dropout_p,
                     const optional<Tensor> &rng_state, bool deterministic, int64_t algorithm,
                     int64_t block_size_q, int64_t block_size_k, bool bhnd, int64_t shard_q,
-                    int64_t shard_k) {
+                    int64_t shard_k, const optional<Tensor> &block_table, int64_t num_splits) {
   FA_VALUE_CHECK(dropout_p == 0 || rng_state.has_value(),
                  "the backward of dropout needs the forward's rng_state");
+  // the library's refusal, also for the empty problems that never reach it
+  TORCH_CHECK_NOT_IMPLEMENTED(!block_table.has_value(),
+                              "fa_backward: FA_ERR_UNSUPPORTED: params.block_table: the backward "
+                              "pass does not take a paged KV cache (paged attention is "
+                              "inference-only)");
   Resolved r = resolve(
       q, k, v,
-      Options{cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask, softmax_scale,
-              causal, window_left, window_right, softcap, dropout_p, rng_state, deterministic,
-              algorithm, block_size_q, block_size_k, bhnd, shard_q, shard_k});
+      Options{cu_seqlens_q,  cu_seqlens_k, seqused_k,    alibi_slopes, block_mask, softmax_scale,
+              causal,        window_left,  window_right, softcap,      dropout_p,  rng_state,
+              deterministic, algorithm,    block_size_q, block_size_k, bhnd,       shard_q,
+              shard_k,       block_table,  num_splits});
   check_like(out, "out", q, "q");
   // dout of a sum() is an expanded scalar (every stride 0): copied once here
   const Tensor g =
@@ -480,7 +523,7 @@ Tensors3 bwd_kernel(const Tensor &dout, const Tensor &q, const Tensor &k, const 
   const Tensor l = lse.contiguous();
   DeviceScope scope(q, r.p);
   Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
-  if (empty_problem(q, k, r.layout)) {
+  if (empty_problem(q, k, r)) {
     dq.zero_();
     dk.zero_();
     dv.zero_();
@@ -498,6 +541,119 @@ Tensors3 bwd_kernel(const Tensor &dout, const Tensor &q, const Tensor &k, const 
   return {dq, dk, dv};
 }
 
+// The KV-cache call's small int32 inputs (cache_seqlens, cache_batch_idx,
+// cache_leftpad): one per batch entry, on q's device.
+Tensor per_sequence(const Tensor &x, const char *name, const Tensor &q) {
+  Tensor t = side_input(x, name, q, at::kInt);
+  FA_VALUE_CHECK(t.dim() == 1 && t.size(0) == q.size(0), name, " must have shape (batch_size,) = (",
+                 q.size(0), ",), got ", t.sizes());
+  return t;
+}
+
+// A rotary table: (seqlen_ro, rotary_dim / 2) in q's dtype on q's device, rows at any
+// stride.
+void check_rotary(const Tensor &t, const char *name, const Tensor &q) {
+  FA_VALUE_CHECK(t.dim() == 2 && t.size(0) >= 1 && t.size(1) >= 1, name,
+                 " must have shape (seqlen_ro, rotary_dim / 2), got ", t.sizes());
+  FA_TYPE_CHECK(t.scalar_type() == q.scalar_type(), name, " must have q's dtype (", q.scalar_type(),
+                "), got ", t.scalar_type());
+  FA_VALUE_CHECK(t.device() == q.device(), name, " must be on q's device (", q.device(), "), got ",
+                 t.device());
+  FA_VALUE_CHECK(t.size(1) <= 1 || t.stride(1) == 1, name,
+                 ": the last dimension must be contiguous (stride 1), got strides ", t.strides(),
+                 "; call .contiguous() first");
+  FA_VALUE_CHECK(t.stride(0) >= 0, name, ": negative strides are not supported");
+}
+
+std::tuple<Tensor, Tensor> kvcache_kernel(
+    const Tensor &q, const Tensor &k_cache, const Tensor &v_cache, const Tensor &cache_seqlens,
+    const optional<Tensor> &k, const optional<Tensor> &v, const optional<Tensor> &rotary_cos,
+    const optional<Tensor> &rotary_sin, const optional<Tensor> &cache_batch_idx,
+    const optional<Tensor> &cache_leftpad, const optional<Tensor> &block_table,
+    const optional<Tensor> &alibi_slopes, optional<double> softmax_scale, bool causal,
+    int64_t window_left, int64_t window_right, double softcap, bool rotary_interleaved,
+    int64_t num_splits, int64_t algorithm) {
+  Options o;
+  o.alibi_slopes = alibi_slopes;
+  o.softmax_scale = softmax_scale;
+  o.causal = causal;
+  o.window_left = window_left;
+  o.window_right = window_right;
+  o.softcap = softcap;
+  o.algorithm = algorithm;
+  o.block_table = block_table;
+  o.num_splits = num_splits;
+  o.kvcache = true;
+  Resolved r = resolve(q, k_cache, v_cache, o);
+  fa_kvcache kv{};
+  const Tensor seqlens = per_sequence(cache_seqlens, "cache_seqlens", q);
+  kv.cache_seqlens = seqlens.data_ptr<int32_t>();
+  Tensor batch_idx, leftpad;
+  if (cache_batch_idx.has_value()) {
+    batch_idx = per_sequence(*cache_batch_idx, "cache_batch_idx", q);
+    kv.cache_batch_idx = batch_idx.data_ptr<int32_t>();
+  }
+  if (cache_leftpad.has_value()) {
+    leftpad = per_sequence(*cache_leftpad, "cache_leftpad", q);
+    kv.cache_leftpad = leftpad.data_ptr<int32_t>();
+  }
+  FA_VALUE_CHECK(k.has_value() == v.has_value(), "k and v must be given together");
+  // new rows: (batch, seqlen_new, nheads_k, headdim); none (seqlen_new 0) is no append
+  const bool append = k.has_value() && k->dim() == 4 && k->size(1) > 0;
+  fa_tensor tkn{}, tvn{};
+  if (k.has_value()) {
+    FA_VALUE_CHECK(k->dim() == 4,
+                   "k must have 4 dimensions (batch, seqlen_new, nheads_k, "
+                   "headdim), got shape ",
+                   k->sizes());
+    check_like(*v, "v", *k, "k");
+    FA_TYPE_CHECK(k->scalar_type() == q.scalar_type(), "k and v must have q's dtype (",
+                  q.scalar_type(), "), got ", k->scalar_type());
+    FA_VALUE_CHECK(k->device() == q.device(), "k and v must be on q's device (", q.device(),
+                   "), got ", k->device());
+    check_unit_last_stride(*k, "k");
+    if (append) {
+      tkn = describe(*k, r.dt, Layout::bnhd);
+      tvn = describe(*v, r.dt, Layout::bnhd);
+      kv.k_new = &tkn;
+      kv.v_new = &tvn;
+    }
+  }
+  FA_VALUE_CHECK(rotary_cos.has_value() == rotary_sin.has_value(),
+                 "rotary_cos and rotary_sin must be given together");
+  if (rotary_cos.has_value()) {
+    check_rotary(*rotary_cos, "rotary_cos", q);
+    check_rotary(*rotary_sin, "rotary_sin", q);
+    FA_VALUE_CHECK(rotary_sin->sizes() == rotary_cos->sizes(),
+                   "rotary_cos and rotary_sin must have the same shape (rotary_cos ",
+                   rotary_cos->sizes(), ", rotary_sin ", rotary_sin->sizes(), ")");
+    FA_VALUE_CHECK(rotary_sin->stride(0) == rotary_cos->stride(0),
+                   "rotary_cos and rotary_sin must have the same row stride (",
+                   rotary_cos->stride(0), ", ", rotary_sin->stride(0), ")");
+    FA_VALUE_CHECK(k.has_value(),
+                   "rotary_cos: rotary embedding needs k and v (the new keys "
+                   "it rotates)");
+    kv.rotary_cos = rotary_cos->data_ptr();
+    kv.rotary_sin = rotary_sin->data_ptr();
+    kv.rotary_seqlen = rotary_cos->size(0);
+    kv.rotary_dim = 2 * rotary_cos->size(1);
+    kv.rotary_stride = rotary_cos->stride(0);
+    kv.rotary_interleaved = rotary_interleaved;
+  }
+  DeviceScope scope(q, r.p);
+  Tensor out = at::empty_like(q);
+  Tensor lse = at::empty(lse_shape(q, r.layout), q.options().dtype(at::kFloat));
+  if (q.size(0) == 0) return {out, lse};  // no batch entry: nothing to write or compute
+  fa_tensor tq = describe(q, r.dt, r.layout), to = describe(out, r.dt, r.layout);
+  fa_tensor tk = describe(k_cache, r.dt, r.kv_layout), tv = describe(v_cache, r.dt, r.kv_layout);
+  size_t bytes = 0;
+  check_status(fa_kvcache_workspace_size(&r.p, &kv, &tq, &tk, &tv, &bytes), "fa_forward_kvcache");
+  Tensor ws = workspace(r.p, bytes, q);
+  check_status(fa_forward_kvcache(&r.p, &kv, &tq, &tk, &tv, &to, lse.data_ptr<float>()),
+               "fa_forward_kvcache");
+  return {out, lse};
+}
+
 // ---- autograd ---------------------------------------------------------------------------
 
 using torch::autograd::SavedVariable;
@@ -513,18 +669,18 @@ Tensor or_undefined(const optional<Tensor> &t) { return t.has_value() ? *t : Ten
 // saved values, per-output metadata) costs more host time than the call it records.
 struct AttentionBackward final : public torch::autograd::Node {
   SavedVariable q, k, v, out, lse, rng, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes,
-      block_mask;
+      block_mask, block_table;
   optional<double> softmax_scale;
   bool causal = false, deterministic = false, bhnd = false;
   int64_t window_left = -1, window_right = -1, algorithm = 0, block_size_q = 0, block_size_k = 0;
-  int64_t shard_q = -1, shard_k = -1;
+  int64_t shard_q = -1, shard_k = -1, num_splits = 0;
   double softcap = 0, dropout_p = 0;
 
   std::string name() const override { return "FlashAttnBackward"; }
 
   void release_variables() override {
     for (SavedVariable *sv : {&q, &k, &v, &out, &lse, &rng, &cu_seqlens_q, &cu_seqlens_k,
-                              &seqused_k, &alibi_slopes, &block_mask})
+                              &seqused_k, &alibi_slopes, &block_mask, &block_table})
       sv->reset_data();
   }
 
@@ -533,7 +689,7 @@ struct AttentionBackward final : public torch::autograd::Node {
   // inputs, the options part of the cache key, and apply() is traced.
   void compiled_args(torch::dynamo::autograd::CompiledNodeArgs &args) const override {
     for (const SavedVariable *sv : {&q, &k, &v, &lse, &rng, &cu_seqlens_q, &cu_seqlens_k,
-                                    &seqused_k, &alibi_slopes, &block_mask})
+                                    &seqused_k, &alibi_slopes, &block_mask, &block_table})
       args.collect(*sv, false);
     args.collect(out, true);
     args.collect(softmax_scale);
@@ -547,6 +703,7 @@ struct AttentionBackward final : public torch::autograd::Node {
     args.collect(block_size_k);
     args.collect(shard_q);
     args.collect(shard_k);
+    args.collect(num_splits);
     args.collect(softcap);
     args.collect(dropout_p);
   }
@@ -563,7 +720,8 @@ struct AttentionBackward final : public torch::autograd::Node {
                             &cu_seqlens_k,
                             &seqused_k,
                             &alibi_slopes,
-                            &block_mask};
+                            &block_mask,
+                            &block_table};
     for (SavedVariable *sv : all) saved.before(*sv);
     variable_list r = apply(variable_list(grads));
     for (SavedVariable *sv : all) saved.after(*sv);
@@ -580,7 +738,8 @@ struct AttentionBackward final : public torch::autograd::Node {
         or_none(cu_seqlens_q.unpack()), or_none(cu_seqlens_k.unpack()), or_none(seqused_k.unpack()),
         or_none(alibi_slopes.unpack()), or_none(block_mask.unpack()), softmax_scale, causal,
         window_left, window_right, softcap, dropout_p, or_none(rng.unpack()), deterministic,
-        algorithm, block_size_q, block_size_k, bhnd, shard_q, shard_k);
+        algorithm, block_size_q, block_size_k, bhnd, shard_q, shard_k,
+        or_none(block_table.unpack()), num_splits);
     return variable_list{dq, dk, dv};
   }
 };
@@ -604,7 +763,8 @@ Tensors3 fwd_autograd(const Tensor &q, const Tensor &k, const Tensor &v,
                       bool causal, int64_t window_left, int64_t window_right, double softcap,
                       double dropout_p, const optional<Tensor> &rng_state, bool deterministic,
                       int64_t algorithm, int64_t block_size_q, int64_t block_size_k, bool bhnd,
-                      int64_t shard_q, int64_t shard_k) {
+                      int64_t shard_q, int64_t shard_k, const optional<Tensor> &block_table,
+                      int64_t num_splits) {
   TORCH_CHECK_NOT_IMPLEMENTED(
       !q._fw_grad(0).defined() && !k._fw_grad(0).defined() && !v._fw_grad(0).defined(),
       "flashattn: forward-mode AD (dual tensors) is not supported by flashattn::fwd");
@@ -619,7 +779,7 @@ Tensors3 fwd_autograd(const Tensor &q, const Tensor &k, const Tensor &v,
     r = fwd_op().call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask,
                       softmax_scale, causal, window_left, window_right, softcap, dropout_p,
                       rng_state, deterministic, algorithm, block_size_q, block_size_k, bhnd,
-                      shard_q, shard_k);
+                      shard_q, shard_k, block_table, num_splits);
   }
   if (node) {
     Tensor &out = std::get<0>(r);
@@ -648,6 +808,8 @@ Tensors3 fwd_autograd(const Tensor &q, const Tensor &k, const Tensor &v,
     node->bhnd = bhnd;
     node->shard_q = shard_q;
     node->shard_k = shard_k;
+    node->block_table = SavedVariable(or_undefined(block_table), false);
+    node->num_splits = num_splits;
   }
   return r;
 }
@@ -663,7 +825,8 @@ TORCH_LIBRARY(flashattn, m) {
       "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, "
       "float softcap=0.0, float dropout_p=0.0, Tensor? rng_state=None, bool deterministic=False, "
       "int algorithm=0, int block_size_q=0, int block_size_k=0, bool bhnd=False, "
-      "int shard_q=-1, int shard_k=-1) -> (Tensor out, Tensor lse, Tensor rng_state)",
+      "int shard_q=-1, int shard_k=-1, Tensor? block_table=None, int num_splits=0) "
+      "-> (Tensor out, Tensor lse, Tensor rng_state)",
       {at::Tag::pt2_compliant_tag});
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
@@ -671,23 +834,42 @@ TORCH_LIBRARY(flashattn, m) {
       "Tensor? alibi_slopes=None, Tensor? block_mask=None, float? softmax_scale=None, "
       "bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
       "float dropout_p=0.0, Tensor? rng_state=None, bool deterministic=False, int algorithm=0, "
-      "int block_size_q=0, int block_size_k=0, bool bhnd=False, int shard_q=-1, int shard_k=-1) "
-      "-> (Tensor dq, Tensor dk, Tensor dv)",
+      "int block_size_q=0, int block_size_k=0, bool bhnd=False, int shard_q=-1, int shard_k=-1, "
+      "Tensor? block_table=None, int num_splits=0) -> (Tensor dq, Tensor dk, Tensor dv)",
+      {at::Tag::pt2_compliant_tag});
+  // k_cache and v_cache are written (the new rows, when k and v are given): mutable
+  // arguments, so that functionalization and torch.compile order the writes
+  m.def(
+      "kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
+      "Tensor? k=None, Tensor? v=None, Tensor? rotary_cos=None, Tensor? rotary_sin=None, "
+      "Tensor? cache_batch_idx=None, Tensor? cache_leftpad=None, Tensor? block_table=None, "
+      "Tensor? alibi_slopes=None, float? softmax_scale=None, bool causal=False, "
+      "int window_left=-1, int window_right=-1, float softcap=0.0, bool rotary_interleaved=True, "
+      "int num_splits=0, int algorithm=0) -> (Tensor out, Tensor lse)",
       {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(flashattn, CPU, m) {
   m.impl("fwd", &fwd_kernel);
   m.impl("bwd", &bwd_kernel);
+  m.impl("kvcache", &kvcache_kernel);
 }
 
 TORCH_LIBRARY_IMPL(flashattn, CUDA, m) {
   m.impl("fwd", &fwd_kernel);
   m.impl("bwd", &bwd_kernel);
+  m.impl("kvcache", &kvcache_kernel);
 }
 
 TORCH_LIBRARY_IMPL(flashattn, Autograd, m) {
   m.impl("fwd", &fwd_autograd);
   // no double backward: a clear error if one is asked for
   m.impl("bwd", torch::autograd::autogradNotImplementedFallback());
+  // inference only: a clear error if a gradient is asked for
+  m.impl("kvcache", torch::autograd::autogradNotImplementedFallback());
+}
+
+TORCH_LIBRARY_IMPL(flashattn, ADInplaceOrView, m) {
+  // the caches' version counters move with the write
+  m.impl("kvcache", torch::autograd::autogradNotImplementedInplaceOrViewFallback());
 }

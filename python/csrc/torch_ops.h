@@ -1,5 +1,6 @@
-// The C++ signatures of flashattn::fwd and flashattn::bwd (python/csrc/torch_ops.cpp
-// registers them; python/csrc/module.cpp calls them through the dispatcher).
+// The C++ signatures of flashattn::fwd, flashattn::bwd and flashattn::kvcache
+// (python/csrc/torch_ops.cpp registers them; python/csrc/module.cpp calls them through the
+// dispatcher).
 #ifndef FLASHATTN_TORCH_OPS_H
 #define FLASHATTN_TORCH_OPS_H
 
@@ -15,16 +16,14 @@ using at::Tensor;
 using std::optional;
 using Tensors3 = std::tuple<Tensor, Tensor, Tensor>;
 
-using FwdSignature = Tensors3(const Tensor &q, const Tensor &k, const Tensor &v,
-                              const optional<Tensor> &cu_seqlens_q,
-                              const optional<Tensor> &cu_seqlens_k,
-                              const optional<Tensor> &seqused_k,
-                              const optional<Tensor> &alibi_slopes,
-                              const optional<Tensor> &block_mask, optional<double> softmax_scale,
-                              bool causal, int64_t window_left, int64_t window_right,
-                              double softcap, double dropout_p, const optional<Tensor> &rng_state,
-                              bool deterministic, int64_t algorithm, int64_t block_size_q,
-                              int64_t block_size_k, bool bhnd, int64_t shard_q, int64_t shard_k);
+using FwdSignature = Tensors3(
+    const Tensor &q, const Tensor &k, const Tensor &v, const optional<Tensor> &cu_seqlens_q,
+    const optional<Tensor> &cu_seqlens_k, const optional<Tensor> &seqused_k,
+    const optional<Tensor> &alibi_slopes, const optional<Tensor> &block_mask,
+    optional<double> softmax_scale, bool causal, int64_t window_left, int64_t window_right,
+    double softcap, double dropout_p, const optional<Tensor> &rng_state, bool deterministic,
+    int64_t algorithm, int64_t block_size_q, int64_t block_size_k, bool bhnd, int64_t shard_q,
+    int64_t shard_k, const optional<Tensor> &block_table, int64_t num_splits);
 
 using BwdSignature = Tensors3(
     const Tensor &dout, const Tensor &q, const Tensor &k, const Tensor &v, const Tensor &out,
@@ -33,7 +32,19 @@ using BwdSignature = Tensors3(
     const optional<Tensor> &block_mask, optional<double> softmax_scale, bool causal,
     int64_t window_left, int64_t window_right, double softcap, double dropout_p,
     const optional<Tensor> &rng_state, bool deterministic, int64_t algorithm, int64_t block_size_q,
-    int64_t block_size_k, bool bhnd, int64_t shard_q, int64_t shard_k);
+    int64_t block_size_k, bool bhnd, int64_t shard_q, int64_t shard_k,
+    const optional<Tensor> &block_table, int64_t num_splits);
+
+// flashattn::kvcache (flash_attn_with_kvcache): appends k, v (rotated) to the caches in
+// place, then attends q (rotated) to them. Returns (out, lse).
+using KvcacheSignature = std::tuple<Tensor, Tensor>(
+    const Tensor &q, const Tensor &k_cache, const Tensor &v_cache, const Tensor &cache_seqlens,
+    const optional<Tensor> &k, const optional<Tensor> &v, const optional<Tensor> &rotary_cos,
+    const optional<Tensor> &rotary_sin, const optional<Tensor> &cache_batch_idx,
+    const optional<Tensor> &cache_leftpad, const optional<Tensor> &block_table,
+    const optional<Tensor> &alibi_slopes, optional<double> softmax_scale, bool causal,
+    int64_t window_left, int64_t window_right, double softcap, bool rotary_interleaved,
+    int64_t num_splits, int64_t algorithm);
 
 // The options both operators take after their tensors, in schema order.
 struct Options {
@@ -48,12 +59,18 @@ struct Options {
   bool bhnd = false;
   // a shard of one sequence: its queries and keys at these positions (-1: not a shard)
   int64_t shard_q = -1, shard_k = -1;
+  // a paged KV cache: k and v are pools of pages (num_pages, page_size, heads_k, headdim)
+  optional<Tensor> block_table;
+  int64_t num_splits = 0;
+  // the KV-cache call: k and v are the caches (their batch may differ from q's)
+  bool kvcache = false;
 };
 
 // The operators' handles (through the dispatcher: autograd, tracing and dispatch modes
 // all apply).
 const c10::TypedOperatorHandle<FwdSignature> &fwd_op();
 const c10::TypedOperatorHandle<BwdSignature> &bwd_op();
+const c10::TypedOperatorHandle<KvcacheSignature> &kvcache_op();
 
 }  // namespace flashattn_torch
 

@@ -71,13 +71,13 @@ def _not_an_array(x):
 
 def _numpy_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask, dropout_p,
                    softmax_scale, causal, window_size, softcap, deterministic, algorithm,
-                   block_size, seqused_k=None):
+                   block_size, seqused_k=None, block_table=None):
     if _np is None or not isinstance(q, _np.ndarray):
         raise _not_an_array(q)
     opts = _core.make_options(softmax_scale, causal, window_size, softcap, dropout_p,
                               deterministic, algorithm, block_size)
     return _core.forward(_NumpyAdapter, q, k, v, opts, cu_seqlens_q, cu_seqlens_k,
-                         alibi_slopes, block_mask, None, seqused_k)
+                         alibi_slopes, block_mask, None, seqused_k, block_table)
 
 
 def dropout_mask(dropout_p, seed, offset, nheads, seqlen_q, seqlen_k, batch=1):
@@ -117,97 +117,97 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     return (out, lse, None) if return_attn_probs else out
 
 
-def _cache_lengths(cache_seqlens, batch, cap, n, dev):
-    """cache_seqlens as the int32 tensor (numpy: array) the op reads, or None for the
-    whole cache. Values known on the host are checked here (with n new keys to append);
-    a device tensor is read by the device alone."""
+def _cache_lengths(cache_seqlens, q, appending):
+    """cache_seqlens as an int32 tensor (numpy: array) of q's batch on q's device, or None
+    (no append: the whole cache). An int, a list or a tensor/array (batch,) of any integer
+    dtype; the library checks the shape and the values (on the CPU)."""
+    batch, is_torch = q.shape[0], isinstance(q, _Tensor)
     if cache_seqlens is None:
-        if n:
+        if appending:
             raise ValueError("k and v need cache_seqlens (the rows to write them at)")
         return None
+    if isinstance(cache_seqlens, bool) or not isinstance(
+            cache_seqlens, (int, list, tuple, _Tensor) + ((_np.ndarray, _np.integer)
+                                                          if _np is not None else ())):
+        raise TypeError("cache_seqlens must be an int or an int32 tensor/array (batch_size,), "
+                        "got %s" % type(cache_seqlens).__name__)
+    if _np is not None and isinstance(cache_seqlens, _np.integer):
+        cache_seqlens = int(cache_seqlens)
+    if is_torch:
+        if isinstance(cache_seqlens, int):
+            return _torch_pkg.full((batch,), cache_seqlens, dtype=_torch_pkg.int32,
+                                   device=q.device)
+        if not isinstance(cache_seqlens, _Tensor):
+            cache_seqlens = _torch_pkg.as_tensor(cache_seqlens)
+            if cache_seqlens.is_floating_point() or cache_seqlens.is_complex():
+                raise TypeError("cache_seqlens must be an integer tensor (int32), got %s"
+                                % cache_seqlens.dtype)
+            cache_seqlens = cache_seqlens.to(_torch_pkg.int32)
+        if cache_seqlens.device != q.device:  # a host tensor for a device q: copied over
+            cache_seqlens = cache_seqlens.to(q.device, non_blocking=True)
+        return cache_seqlens
     if isinstance(cache_seqlens, int):
-        if n == 0 and cache_seqlens == cap:
-            return None
-        cache_seqlens = [cache_seqlens] * batch
-    if isinstance(cache_seqlens, _Tensor):
-        host = cache_seqlens if cache_seqlens.device.type == "cpu" else None
-    else:
-        host = _np.asarray(cache_seqlens) if _np is not None else None
-    if tuple(cache_seqlens.shape if host is None else host.shape) != (batch,):
-        raise ValueError("cache_seqlens must have batch_size = %d entries, got shape %s"
-                         % (batch, tuple((cache_seqlens if host is None else host).shape)))
-    # without an append the library checks the lengths (on the CPU) or clamps them (CUDA)
-    if n and host is not None and ((host < 0).any() or (host > cap - n).any()):
-        raise ValueError("cache_seqlens %s%s exceed the cache's %d rows"
-                         % (host.tolist(), " + %d new keys" % n if n else "", cap))
-    if dev is None:  # numpy
-        return _np.asarray(cache_seqlens, dtype=_np.int32)
-    if isinstance(cache_seqlens, _Tensor):
-        return cache_seqlens.to(dev, non_blocking=True) if cache_seqlens.device != dev \
-            else cache_seqlens
-    return _torch_pkg.tensor(cache_seqlens, dtype=_torch_pkg.int32, device=dev)
+        return _np.full((batch,), cache_seqlens, dtype=_np.int32)
+    return _np.asarray(cache_seqlens)
 
 
-def _append(cache, new, used, name):
-    """Writes new (batch, n, heads_k, headdim) into cache rows used[b]... of each
-    sequence, in place, without reading device memory on the host."""
-    b, n = new.shape[0], new.shape[1]
-    if cache.shape[0] != b or tuple(cache.shape[2:]) != tuple(new.shape[2:]):
-        raise ValueError("%s must have shape (batch, seqlen_new, nheads_k, headdim) = "
-                         "(%d, n, %s), got %s" % (name, cache.shape[0],
-                                                  ", ".join(map(str, cache.shape[2:])),
-                                                  tuple(new.shape)))
-    if isinstance(cache, _Tensor):
-        rows = used.view(b, 1).long() + _torch_pkg.arange(n, device=cache.device)
-        cache[_torch_pkg.arange(b, device=cache.device).view(b, 1), rows] = new
-    else:
-        for i in range(b):
-            cache[i, used[i]:used[i] + n] = new[i]
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False, *, algorithm="flash2"):
+    """Attention against a KV cache, for inference (flash-attn 2's signature).
 
-
-def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
-                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            alibi_slopes=None, return_softmax_lse=False, *, algorithm="flash2"):
-    """Attention against a KV cache, for inference.
-
-    q: (batch, seqlen_q, nheads, headdim); k_cache, v_cache: (batch, seqlen_cache,
-    nheads_k, headdim), of which sequence b uses its first cache_seqlens[b] keys (an
-    int, a list, or an int32 tensor/array (batch,) on any device; None: the whole
-    cache). k, v: optional (batch, seqlen_new, nheads_k, headdim), written into the
-    caches in place at rows cache_seqlens[b]... first, and attended to as well (with a
-    CUDA cache_seqlens tensor the row bounds are checked on the device, as torch
-    indexing does). Keys past the used ones are never read. causal aligns the last query
-    row with the last used key. Returns out (like q), or (out, softmax_lse (batch,
-    nheads, seqlen_q)) with return_softmax_lse. Nothing here synchronises with the GPU.
+    q: (batch, seqlen_q, nheads, headdim). k_cache, v_cache: (batch_cache, seqlen_cache,
+    nheads_k, headdim), or with block_table (int32 (batch, max_num_blocks_per_seq)) page
+    pools (num_blocks, page_block_size, nheads_k, headdim) in which batch entry b's cache
+    row j is row j % page_block_size of page block_table[b, j // page_block_size].
+    cache_seqlens: the rows already in each cache (an int, or an int32 tensor/array
+    (batch,); None: the whole cache). k, v: optional (batch, seqlen_new, nheads_k,
+    headdim), written into the caches in place at rows cache_seqlens[b]... (k rotated
+    first when rotary_cos/rotary_sin, (seqlen_ro, rotary_dim / 2) in q's dtype, are given:
+    GPT-J pairs when rotary_interleaved, else GPT-NeoX halves; q is rotated too, at
+    positions cache_seqlens[b] + i with a causal mask or a window, else at
+    cache_seqlens[b]), then attended to. cache_batch_idx: int32 (batch,), the cache row
+    of each batch entry; cache_leftpad: int32 (batch,), the first cache row each entry
+    attends to. causal aligns the last query row with the last key. num_splits: the CUDA
+    forward's key splits (0: chosen by the library; the CPU ignores it). Returns out (like
+    q), or (out, softmax_lse (batch, nheads, seqlen_q)) with return_softmax_lse. Torch
+    tensors (CPU, CUDA) run the flashattn::kvcache operator (k_cache and v_cache marked
+    as mutated); nothing here synchronises with the GPU.
     """
     is_torch = isinstance(q, _Tensor)
-    if is_torch and k is None and v is None and isinstance(cache_seqlens, _Tensor):
-        # the decode step: the operator checks the lengths' shape and type itself
-        if cache_seqlens.device != q.device:
-            cache_seqlens = cache_seqlens.to(q.device, non_blocking=True)
-        out, lse, _ = _ops.attention(q, k_cache, v_cache, None, None, cache_seqlens,
-                                     alibi_slopes, None, softmax_scale, causal, window_size,
-                                     softcap, 0.0, False, algorithm, None)
-        return (out, lse) if return_softmax_lse else out
     if not is_torch and (_np is None or not isinstance(q, _np.ndarray)):
         raise _not_an_array(q)
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together")
-    batch, cap = q.shape[0], k_cache.shape[1]
-    n = 0 if k is None else k.shape[1]
-    used = _cache_lengths(cache_seqlens, batch, cap, n, q.device if is_torch else None)
-    if n:
-        _append(k_cache, k, used, "k")
-        _append(v_cache, v, used, "v")
-        used = used + n
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos and rotary_sin must be given together")
+    lengths = _cache_lengths(cache_seqlens, q, k is not None)
+    if (k is None and rotary_cos is None and cache_batch_idx is None
+            and cache_leftpad is None and is_torch):
+        # attention alone: the forward operator, each batch entry's first cache_seqlens[b]
+        # keys (seqused_k)
+        out, lse, _ = _ops.attention(q, k_cache, v_cache, None, None, lengths, alibi_slopes,
+                                     None, softmax_scale, causal, window_size, softcap, 0.0,
+                                     False, algorithm, None, False, block_table, num_splits)
+        return (out, lse) if return_softmax_lse else out
+    if lengths is None:  # the whole cache
+        cap = k_cache.shape[1] * (1 if block_table is None else block_table.shape[-1])
+        lengths = _cache_lengths(int(cap), q, False)
     if is_torch:
-        out, lse, _ = _ops.attention(q, k_cache, v_cache, None, None, used, alibi_slopes, None,
-                                     softmax_scale, causal, window_size, softcap, 0.0, False,
-                                     algorithm, None)
+        out, lse = _ops.kvcache(q, k_cache, v_cache, lengths, k, v, rotary_cos, rotary_sin,
+                                cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
+                                softmax_scale, causal, window_size, softcap, rotary_interleaved,
+                                num_splits, algorithm)
     else:
-        out, lse = _numpy_forward(q, k_cache, v_cache, None, None, alibi_slopes, None, 0.0,
-                                  softmax_scale, causal, window_size, softcap, False, algorithm,
-                                  None, used)
+        opts = _core.make_options(softmax_scale, causal, window_size, softcap, 0.0, False,
+                                  algorithm)
+        out, lse = _core.forward_kvcache(_NumpyAdapter, q, k_cache, v_cache, opts, lengths, k,
+                                         v, rotary_cos, rotary_sin, cache_batch_idx,
+                                         cache_leftpad, block_table, alibi_slopes,
+                                         rotary_interleaved, num_splits)
     return (out, lse) if return_softmax_lse else out
 
 
@@ -251,15 +251,21 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
     """Sequences packed along the first axis. q: (total_q, nheads, headdim), k, v:
     (total_k, nheads_k, headdim); cu_seqlens_q/_k: int32 (batch + 1,) offsets from 0,
     on q's device. max_seqlen_q/_k are accepted for compatibility (the library finds
-    them itself). softmax_lse is (nheads, total_q)."""
-    if block_table is not None:
-        raise NotImplementedError("block_table (paged KV cache) is not supported by flashattn")
+    them itself). softmax_lse is (nheads, total_q). block_table: a paged KV cache, int32
+    (batch, max_num_blocks_per_seq), k and v then page pools (num_blocks,
+    page_block_size, nheads_k, headdim) and cu_seqlens_k's offsets count each sequence's
+    keys (read through its row of the table); forward only (the backward raises
+    UnsupportedError), without dropout or return_attn_probs."""
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError("flash_attn_varlen_func needs cu_seqlens_q and cu_seqlens_k")
+    if block_table is not None and return_attn_probs:
+        raise UnsupportedError(Status.ERR_UNSUPPORTED, "return_attn_probs is not supported "
+                               "with a block_table (paged KV cache)", "flash_attn_varlen_func")
     if isinstance(q, _Tensor):
         out, lse, rng = _ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, None, alibi_slopes,
                                        block_mask, softmax_scale, causal, window_size, softcap,
-                                       dropout_p, deterministic, algorithm, block_size)
+                                       dropout_p, deterministic, algorithm, block_size, False,
+                                       block_table)
         if return_attn_probs:
             return out, lse, _attn_probs(q, k, rng, softmax_scale, causal, window_size, softcap,
                                          alibi_slopes, dropout_p, cu_seqlens_q, cu_seqlens_k,
@@ -268,7 +274,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
     else:
         out, lse = _numpy_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask,
                                   dropout_p, softmax_scale, causal, window_size, softcap,
-                                  deterministic, algorithm, block_size)
+                                  deterministic, algorithm, block_size, None, block_table)
     return (out, lse, None) if return_attn_probs else out
 
 

@@ -4,6 +4,7 @@ An adapter (numpy's in flashattn/numpy.py) says how to read an array's pointer, 
 strides and device and how to allocate; this module does the rest. torch tensors go
 through the compiled operators instead (flashattn/_ops.py).
 """
+import ctypes
 import math
 import operator
 
@@ -117,44 +118,50 @@ def make_options(softmax_scale=None, causal=False, window_size=(-1, -1), softcap
 # ---- validation ----------------------------------------------------------------
 
 
-def check_qkv(A, q, k, v, varlen):
-    """Types, ranks, dtypes, devices and strides of q, k, v. Returns (dtype, device)."""
+def check_qkv(A, q, k, v, varlen, paged=False, cache=False):
+    """Types, ranks, dtypes, devices and strides of q, k, v. Returns (dtype, device).
+    paged: k and v are page pools (num_blocks, page_block_size, heads_k, headdim);
+    cache: k and v are a KV cache (k_cache, v_cache), whose batch may differ from q's."""
     # Called on every forward and backward: each shape is read once, and the checks run
     # in a fixed order (the first failing one is the error raised).
-    for name, x in (("q", q), ("k", k), ("v", v)):
+    kn, vn = ("k_cache", "v_cache") if cache else ("k", "v")
+    for name, x in (("q", q), (kn, k), (vn, v)):
         if not A.is_array(x):
             raise TypeError("%s must be a %s (got %s); q, k and v must be of one kind"
                             % (name, A.array_name, type(x).__name__))
-    nd = 3 if varlen else 4
     qs, ks, vs = A.shape(q), A.shape(k), A.shape(v)
-    for name, s in (("q", qs), ("k", ks), ("v", vs)):
+    for name, s, is_kv in (("q", qs, False), (kn, ks, True), (vn, vs, True)):
+        if is_kv and paged:
+            nd, layout = 4, "(num_blocks, page_block_size, nheads_k, headdim)"
+        elif varlen:
+            nd, layout = 3, "(total_tokens, heads, headdim)"
+        else:
+            nd, layout = 4, "(batch, seqlen, heads, headdim)"
         if len(s) != nd:
-            layout = ("(total_tokens, heads, headdim)" if varlen
-                      else "(batch, seqlen, heads, headdim)")
             raise ValueError("%s must have %d dimensions %s, got shape %s"
                              % (name, nd, layout, tuple(s)))
     dt = A.dtype_code(q, "q")
     qdt = A.dtype_name(q)
-    for name, x in (("k", k), ("v", v)):
+    for name, x in ((kn, k), (vn, v)):
         xdt = A.dtype_name(x)
         if xdt != qdt:
             raise TypeError("q, k and v must have the same dtype (q is %s, %s is %s)"
                             % (qdt, name, xdt))
     dev = A.device(q)
-    for name, x in (("k", k), ("v", v)):
+    for name, x in ((kn, k), (vn, v)):
         if A.device(x) != dev:
             raise ValueError("q, k and v must be on the same device (q is on %s, %s is on %s)"
                              % (A.device_name(q), name, A.device_name(x)))
     _check_strides(A.strides(q), qs, "q", A.contiguous_hint)
-    _check_strides(A.strides(k), ks, "k", A.contiguous_hint)
-    _check_strides(A.strides(v), vs, "v", A.contiguous_hint)
+    _check_strides(A.strides(k), ks, kn, A.contiguous_hint)
+    _check_strides(A.strides(v), vs, vn, A.contiguous_hint)
     if tuple(ks) != tuple(vs):
-        raise ValueError("k and v must have the same shape (k %s, v %s)"
-                         % (tuple(ks), tuple(vs)))
+        raise ValueError("%s and %s must have the same shape (%s %s, %s %s)"
+                         % (kn, vn, kn, tuple(ks), vn, tuple(vs)))
     if qs[-1] != ks[-1]:
-        raise ValueError("q and k must have the same head dimension (q %d, k %d)"
-                         % (qs[-1], ks[-1]))
-    if not varlen and qs[0] != ks[0]:
+        raise ValueError("q and %s must have the same head dimension (q %d, %s %d)"
+                         % (kn, qs[-1], kn, ks[-1]))
+    if not varlen and not paged and not cache and qs[0] != ks[0]:
         raise ValueError("q and k must have the same batch size (q %d, k %d)" % (qs[0], ks[0]))
     if ks[-2] > 0 and qs[-2] % ks[-2]:
         raise ValueError("the number of q heads (%d) must be a multiple of the number of "
@@ -216,11 +223,12 @@ def descriptor(A, x, dt, varlen):
 
 
 def _prepare(A, q, k, v, opts, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_mask, stream,
-             seqused_k=None):
+             seqused_k=None, block_table=None, num_splits=0, cache=False):
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")
-    dt, dev = check_qkv(A, q, k, v, varlen)
+    paged = block_table is not None
+    dt, dev = check_qkv(A, q, k, v, varlen, paged, cache)
     keep = []
     p = _lib.FaParams()
     p.device = int(dev[0])
@@ -283,7 +291,7 @@ def _prepare(A, q, k, v, opts, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_m
                              % (bq, bk))
         # rows the mask must cover: the sequence length (varlen: the total, a bound)
         nq = qs[0] if varlen else qs[1]
-        nk = A.shape(k)[0] if varlen else A.shape(k)[1]
+        nk = A.shape(k)[0] if varlen and not paged else A.shape(k)[1]
         need = (-(-nq // bq), -(-nk // bk))
         if (len(sh) != 4 or sh[0] not in (1, num_seqs) or sh[1] not in (1, hq)
                 or sh[2] < need[0] or sh[3] < need[1]):
@@ -301,39 +309,167 @@ def _prepare(A, q, k, v, opts, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_m
                              % (num_seqs, tuple(A.shape(u))))
         p.seqused_k = A.ptr(u)
         keep.append(u)
+    if paged:
+        t = _aux(A, block_table, "block_table", dev, "int32")
+        sh = tuple(A.shape(t))
+        if len(sh) != 2 or sh[0] != num_seqs or sh[1] < 1:
+            raise ValueError("block_table must have shape (batch_size, max_num_blocks_per_seq) "
+                             "= (%d, >= 1), got %s" % (num_seqs, sh))
+        p.block_table = A.ptr(t)
+        p.block_table_stride = sh[1]
+        p.max_pages_per_seq = sh[1]
+        keep.append(t)
+    num_splits = operator.index(num_splits or 0)
+    if not 0 <= num_splits <= 128:
+        raise ValueError("num_splits must be in [0, 128] (0: chosen by the library), got %d"
+                         % num_splits)
+    p.num_splits = num_splits
     return p, dt, dev, varlen, keep
 
 
-def _empty_problem(A, q, k, varlen):
-    """0: normal; 1: no query rows (empty output); 2: no keys (every row masked)."""
+def _empty_problem(A, q, k, varlen, paged=False):
+    """0: normal; 1: no query rows (empty output); 2: no keys (every row masked). A paged
+    problem's keys are in its table: the library sees it whatever k's shape."""
     qs, ks = A.shape(q), A.shape(k)
     if varlen:
         if qs[0] == 0 or qs[1] == 0:
             return 1
-        return 2 if ks[0] == 0 else 0
+        return 2 if ks[0] == 0 and not paged else 0
     if qs[0] == 0 or qs[1] == 0 or qs[2] == 0:
         return 1
-    return 2 if ks[1] == 0 else 0
+    return 2 if ks[1] == 0 and not paged else 0
 
 
 def forward(A, q, k, v, opts, cu_seqlens_q=None, cu_seqlens_k=None, alibi_slopes=None,
-            block_mask=None, stream=None, seqused_k=None):
+            block_mask=None, stream=None, seqused_k=None, block_table=None, num_splits=0):
     """Returns (out, lse): out like q, lse float32 (batch, heads, seqlen_q) or, for
     variable-length batches, (heads, total_q). seqused_k: int32 (batch,), the keys each
-    sequence uses (a KV cache)."""
+    sequence uses (a KV cache). block_table: int32 (batch, max_num_blocks_per_seq), k and
+    v then page pools (num_blocks, page_block_size, heads_k, headdim)."""
     p, dt, dev, varlen, keep = _prepare(A, q, k, v, opts, cu_seqlens_q, cu_seqlens_k,
-                                        alibi_slopes, block_mask, stream, seqused_k)
+                                        alibi_slopes, block_mask, stream, seqused_k,
+                                        block_table, num_splits)
+    paged = block_table is not None
     out = A.empty_like(q)
     lse = A.empty(lse_shape(A.shape(q), varlen), "float32", q)
-    empty = _empty_problem(A, q, k, varlen)
+    empty = _empty_problem(A, q, k, varlen, paged)
     if empty:
         if empty == 2:
             A.fill_(out, 0.0)
             A.fill_(lse, float("-inf"))
         return out, lse
-    tq, tk, tv = (descriptor(A, x, dt, varlen) for x in (q, k, v))
+    tq = descriptor(A, q, dt, varlen)
+    tk, tv = (descriptor(A, x, dt, varlen and not paged) for x in (k, v))
     to = descriptor(A, out, dt, varlen)
     _lib.forward(p, tq, tk, tv, to, A.ptr(lse), alloc=lambda n: A.workspace(n, q))
+    del keep
+    return out, lse
+
+
+def _per_sequence(A, x, name, dev, batch):
+    x = _aux(A, x, name, dev, "int32")
+    if tuple(A.shape(x)) != (batch,):
+        raise ValueError("%s must have shape (batch_size,) = (%d,), got %s"
+                         % (name, batch, tuple(A.shape(x))))
+    return x
+
+
+def _rotary_table(A, t, name, q, dev):
+    if not A.is_array(t):
+        raise TypeError("%s must be a %s (got %s)" % (name, A.array_name, type(t).__name__))
+    sh = tuple(A.shape(t))
+    if len(sh) != 2 or sh[0] < 1 or sh[1] < 1:
+        raise ValueError("%s must have shape (seqlen_ro, rotary_dim / 2), got %s" % (name, sh))
+    if A.dtype_name(t) != A.dtype_name(q):
+        raise TypeError("%s must have q's dtype (%s), got %s"
+                        % (name, A.dtype_name(q), A.dtype_name(t)))
+    if A.device(t) != dev:
+        raise ValueError("%s must be on q's device (%s), got %s"
+                         % (name, A.device_name(q), A.device_name(t)))
+    st = A.strides(t)
+    if sh[1] > 1 and st[1] != 1:
+        raise ValueError("%s: the last dimension must be contiguous (stride 1), got strides "
+                         "%s; pass %s" % (name, st, A.contiguous_hint % name))
+    if st[0] < 0:
+        raise ValueError("%s: negative strides are not supported (strides %s)" % (name, st))
+    return sh, st
+
+
+def forward_kvcache(A, q, k_cache, v_cache, opts, cache_seqlens, k=None, v=None,
+                    rotary_cos=None, rotary_sin=None, cache_batch_idx=None, cache_leftpad=None,
+                    block_table=None, alibi_slopes=None, rotary_interleaved=True, num_splits=0,
+                    stream=None):
+    """fa_forward_kvcache: writes k and v (rotated with rotary_cos/_sin) into the caches
+    at rows cache_seqlens[b]... in place, then returns (out, lse) of q (rotated) attending
+    to each batch entry's cache rows [cache_leftpad[b], cache_seqlens[b] + seqlen_new)."""
+    p, dt, dev, _, keep = _prepare(A, q, k_cache, v_cache, opts, None, None, alibi_slopes,
+                                   None, stream, None, block_table, num_splits, cache=True)
+    if p.dropout_p:
+        raise ValueError("flash_attn_with_kvcache is inference only: dropout_p must be 0")
+    batch = A.shape(q)[0]
+    kv = _lib.FaKvcache()
+    seqlens = _per_sequence(A, cache_seqlens, "cache_seqlens", dev, batch)
+    kv.cache_seqlens = A.ptr(seqlens)
+    keep.append(seqlens)
+    if cache_batch_idx is not None:
+        idx = _per_sequence(A, cache_batch_idx, "cache_batch_idx", dev, batch)
+        kv.cache_batch_idx = A.ptr(idx)
+        keep.append(idx)
+    if cache_leftpad is not None:
+        pad = _per_sequence(A, cache_leftpad, "cache_leftpad", dev, batch)
+        kv.cache_leftpad = A.ptr(pad)
+        keep.append(pad)
+    if (k is None) != (v is None):
+        raise ValueError("k and v must be given together")
+    if k is not None:
+        for name, x in (("k", k), ("v", v)):
+            if not A.is_array(x):
+                raise TypeError("%s must be a %s (got %s)"
+                                % (name, A.array_name, type(x).__name__))
+            if len(A.shape(x)) != 4:
+                raise ValueError("%s must have 4 dimensions (batch, seqlen_new, nheads_k, "
+                                 "headdim), got shape %s" % (name, tuple(A.shape(x))))
+        check_like(A, v, "v", k, "k")
+        if A.dtype_name(k) != A.dtype_name(q):
+            raise TypeError("k and v must have q's dtype (%s), got %s"
+                            % (A.dtype_name(q), A.dtype_name(k)))
+        if A.device(k) != dev:
+            raise ValueError("k and v must be on q's device (%s), got %s"
+                             % (A.device_name(q), A.device_name(k)))
+        if A.shape(k)[1] > 0:  # no new rows: nothing appended
+            for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+                if not A.writable(c):
+                    raise ValueError("%s must be writable: the new keys and values are "
+                                     "written into it" % name)
+            tkn, tvn = descriptor(A, k, dt, False), descriptor(A, v, dt, False)
+            kv.k_new = ctypes.pointer(tkn)
+            kv.v_new = ctypes.pointer(tvn)
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos and rotary_sin must be given together")
+    if rotary_cos is not None:
+        csh, cst = _rotary_table(A, rotary_cos, "rotary_cos", q, dev)
+        ssh, sst = _rotary_table(A, rotary_sin, "rotary_sin", q, dev)
+        if csh != ssh or cst[0] != sst[0]:
+            raise ValueError("rotary_cos and rotary_sin must have the same shape and row "
+                             "stride (rotary_cos %s, stride %d; rotary_sin %s, stride %d)"
+                             % (csh, cst[0], ssh, sst[0]))
+        if k is None:
+            raise ValueError("rotary_cos: rotary embedding needs k and v (the new keys it "
+                             "rotates)")
+        kv.rotary_cos = A.ptr(rotary_cos)
+        kv.rotary_sin = A.ptr(rotary_sin)
+        kv.rotary_seqlen = csh[0]
+        kv.rotary_dim = 2 * csh[1]
+        kv.rotary_stride = cst[0]
+        kv.rotary_interleaved = int(bool(rotary_interleaved))
+    out = A.empty_like(q)
+    lse = A.empty(lse_shape(A.shape(q), False), "float32", q)
+    if batch == 0:  # no batch entry: nothing to write or compute
+        return out, lse
+    tq, to = descriptor(A, q, dt, False), descriptor(A, out, dt, False)
+    tk, tv = descriptor(A, k_cache, dt, False), descriptor(A, v_cache, dt, False)
+    _lib.forward_kvcache(p, kv, tq, tk, tv, to, A.ptr(lse),
+                         alloc=lambda n: A.workspace(n, q))
     del keep
     return out, lse
 

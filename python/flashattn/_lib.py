@@ -109,6 +109,22 @@ class FaParams(ctypes.Structure):
     ]
 
 
+class FaKvcache(ctypes.Structure):
+    _fields_ = [
+        ("cache_seqlens", ctypes.c_void_p),
+        ("k_new", ctypes.POINTER(FaTensor)),
+        ("v_new", ctypes.POINTER(FaTensor)),
+        ("cache_batch_idx", ctypes.c_void_p),
+        ("cache_leftpad", ctypes.c_void_p),
+        ("rotary_cos", ctypes.c_void_p),
+        ("rotary_sin", ctypes.c_void_p),
+        ("rotary_seqlen", ctypes.c_int64),
+        ("rotary_dim", ctypes.c_int64),
+        ("rotary_stride", ctypes.c_int64),
+        ("rotary_interleaved", ctypes.c_int),
+    ]
+
+
 # ---- errors -------------------------------------------------------------------
 
 
@@ -212,6 +228,12 @@ lib.fa_dropout_mask.restype = _status
 lib.fa_attention_probs.argtypes = [_P(FaParams), _P(FaTensor), _P(FaTensor), ctypes.c_int64,
                                    ctypes.c_int64, ctypes.c_void_p]
 lib.fa_attention_probs.restype = _status
+lib.fa_forward_kvcache.argtypes = [_P(FaParams), _P(FaKvcache), _P(FaTensor), _P(FaTensor),
+                                   _P(FaTensor), _P(FaTensor), ctypes.c_void_p]
+lib.fa_forward_kvcache.restype = _status
+lib.fa_kvcache_workspace_size.argtypes = [_P(FaParams), _P(FaKvcache), _P(FaTensor),
+                                          _P(FaTensor), _P(FaTensor), _P(ctypes.c_size_t)]
+lib.fa_kvcache_workspace_size.restype = _status
 
 
 def _check(status, function):
@@ -262,6 +284,10 @@ def _with_workspace(pass_, params, q, k, v, alloc):
     # the query validates every argument the call will: name the call in errors
     n = workspace_size(pass_, params, q, k, v,
                        "fa_forward" if pass_ == Pass.FORWARD else "fa_backward")
+    return _use_workspace(params, n, alloc)
+
+
+def _use_workspace(params, n, alloc):
     keep = None
     if n and alloc is not None:
         addr, keep = alloc(n)
@@ -289,6 +315,21 @@ def backward(params, q, k, v, o, dout, lse_ptr, dq, dk, dv, alloc=None):
                            ctypes.byref(v), ctypes.byref(o), ctypes.byref(dout), lse_ptr,
                            ctypes.byref(dq), ctypes.byref(dk), ctypes.byref(dv)),
            "fa_backward")
+    del keep
+
+
+def forward_kvcache(params, kv, q, k_cache, v_cache, o, lse_ptr, alloc=None):
+    """fa_forward_kvcache, its workspace from `alloc(nbytes)` (as forward's)."""
+    n = ctypes.c_size_t(0)
+    # the query validates every argument the call will: name the call in errors
+    _check(lib.fa_kvcache_workspace_size(ctypes.byref(params), ctypes.byref(kv),
+                                         ctypes.byref(q), ctypes.byref(k_cache),
+                                         ctypes.byref(v_cache), ctypes.byref(n)),
+           "fa_forward_kvcache")
+    keep = _use_workspace(params, n.value, alloc)
+    _check(lib.fa_forward_kvcache(ctypes.byref(params), ctypes.byref(kv), ctypes.byref(q),
+                                  ctypes.byref(k_cache), ctypes.byref(v_cache),
+                                  ctypes.byref(o), lse_ptr), "fa_forward_kvcache")
     del keep
 
 

@@ -1,22 +1,25 @@
-"""flashattn's PyTorch operators, flashattn::fwd and flashattn::bwd.
+"""flashattn's PyTorch operators, flashattn::fwd, flashattn::bwd and flashattn::kvcache.
 
 They are compiled C++ (python/csrc/torch_ops.cpp, built by `pip install .` against the
 installed torch): CPU and CUDA kernels calling the C library directly, outputs and
 workspace from torch's allocators on the current stream, and a C++ autograd kernel
-whose backward is one flashattn::bwd call. Their shape (fake) kernels are registered
-here, so torch.compile(fullgraph=True) keeps each call one graph node.
+whose backward is one flashattn::bwd call. flashattn::kvcache (flash_attn_with_kvcache,
+inference only) writes the new keys and values into its k_cache and v_cache arguments,
+which its schema marks as mutated. Their shape (fake) kernels are registered here, so
+torch.compile(fullgraph=True) keeps each call one graph node.
 
 Two small functions for other modules of the package (ring attention, say) call them
 without autograd: fwd() -> (out, lse) and bwd() -> (dq, dk, dv). Their signatures are
 kept stable.
 """
+import operator
 import os
 import re
 
 import torch
 
 from . import _core, _lib
-from ._lib import FlashAttnError
+from ._lib import FlashAttnError, UnsupportedError
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -155,6 +158,7 @@ block_sizes = _core.resolve_block_size
 if AVAILABLE:
     _fwd = torch.ops.flashattn.fwd.default
     _bwd = torch.ops.flashattn.bwd.default
+    _kvcache = torch.ops.flashattn.kvcache.default
     # without the eager entry (built without Python.h) every call goes through torch.ops
     _fast_fwd = _C.fwd if _C is not None else _not_taken
     _fast_bwd = _C.bwd if _C is not None else _not_taken
@@ -167,9 +171,9 @@ if AVAILABLE:
         return (q.shape[0], q.shape[1], q.shape[2]) if bhnd else \
             (q.shape[0], q.shape[2], q.shape[1])
 
-    def _check_fake(q, k, v, varlen):
-        nd = 3 if varlen else 4
+    def _check_fake(q, k, v, varlen, paged=False):
         for name, x in (("q", q), ("k", k), ("v", v)):
+            nd = 3 if varlen and not (paged and name != "q") else 4
             if x.dim() != nd:
                 raise ValueError("flashattn: %s must have %d dimensions, got shape %s"
                                  % (name, nd, tuple(x.shape)))
@@ -177,14 +181,25 @@ if AVAILABLE:
             raise ValueError("flashattn: q, k and v must be on the same device (q is on %s, "
                              "k on %s, v on %s)" % (q.device, k.device, v.device))
 
+    def _check_devices(q, named):
+        # a tensor on another device makes the dispatcher pick that device's kernel (a
+        # meta one: this one): refused here as the kernels refuse it
+        for name, x in named:
+            if x is not None and x.device != q.device:
+                raise ValueError("flashattn: %s must be on the same device as q (%s), got %s"
+                                 % (name, q.device, x.device))
+
     @torch.library.register_fake("flashattn::fwd")
     def _fwd_fake(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
                   alibi_slopes=None, block_mask=None, softmax_scale=None, causal=False,
                   window_left=-1, window_right=-1, softcap=0.0, dropout_p=0.0, rng_state=None,
                   deterministic=False, algorithm=0, block_size_q=0, block_size_k=0, bhnd=False,
-                  shard_q=-1, shard_k=-1):
+                  shard_q=-1, shard_k=-1, block_table=None, num_splits=0):
         varlen = cu_seqlens_q is not None
-        _check_fake(q, k, v, varlen)
+        _check_fake(q, k, v, varlen, block_table is not None)
+        _check_devices(q, (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
+                           ("seqused_k", seqused_k), ("alibi_slopes", alibi_slopes),
+                           ("block_mask", block_mask), ("block_table", block_table)))
         if bhnd:  # (batch, seqlen, heads, headdim) memory, as the kernels allocate it
             b, h, n, d = q.shape
             out = q.new_empty((b, n, h, d)).transpose(1, 2)
@@ -198,11 +213,37 @@ if AVAILABLE:
                   seqused_k=None, alibi_slopes=None, block_mask=None, softmax_scale=None,
                   causal=False, window_left=-1, window_right=-1, softcap=0.0, dropout_p=0.0,
                   rng_state=None, deterministic=False, algorithm=0, block_size_q=0,
-                  block_size_k=0, bhnd=False, shard_q=-1, shard_k=-1):
+                  block_size_k=0, bhnd=False, shard_q=-1, shard_k=-1, block_table=None,
+                  num_splits=0):
+        if block_table is not None:
+            raise UnsupportedError(_lib.Status.ERR_UNSUPPORTED, "params.block_table: the "
+                                   "backward pass does not take a paged KV cache (paged "
+                                   "attention is inference-only)", "fa_backward")
         _check_fake(q, k, v, cu_seqlens_q is not None)
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    @torch.library.register_fake("flashattn::kvcache")
+    def _kvcache_fake(q, k_cache, v_cache, cache_seqlens, k=None, v=None, rotary_cos=None,
+                      rotary_sin=None, cache_batch_idx=None, cache_leftpad=None,
+                      block_table=None, alibi_slopes=None, softmax_scale=None, causal=False,
+                      window_left=-1, window_right=-1, softcap=0.0, rotary_interleaved=True,
+                      num_splits=0, algorithm=0):
+        for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+            if x.dim() != 4:
+                raise ValueError("flashattn: %s must have 4 dimensions, got shape %s"
+                                 % (name, tuple(x.shape)))
+            if x.device != q.device:
+                raise ValueError("flashattn: q, k_cache and v_cache must be on the same "
+                                 "device (q is on %s, %s on %s)" % (q.device, name, x.device))
+        _check_devices(q, (("cache_seqlens", cache_seqlens), ("k", k), ("v", v),
+                           ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                           ("cache_batch_idx", cache_batch_idx),
+                           ("cache_leftpad", cache_leftpad), ("block_table", block_table),
+                           ("alibi_slopes", alibi_slopes)))
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+        return torch.empty_like(q), lse
 else:
-    _fwd = _bwd = _unavailable
+    _fwd = _bwd = _kvcache = _unavailable
 
     def _is_compiling():
         return False
@@ -221,9 +262,10 @@ def _call(fast, op, args):
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask,
               softmax_scale, causal, window_size, softcap, dropout_p, deterministic, algorithm,
-              block_size, bhnd=False):
+              block_size, bhnd=False, block_table=None, num_splits=0):
     """The public functions' one call: (out, lse, rng_state), differentiable in q, k, v.
-    bhnd: q, k, v are (batch, heads, seqlen, headdim) (out too; lse is the same)."""
+    bhnd: q, k, v are (batch, heads, seqlen, headdim) (out too; lse is the same).
+    block_table: k and v are page pools (forward only: the backward raises)."""
     if window_size == _NO_WINDOW:
         left = right = -1
     else:
@@ -234,7 +276,35 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, bloc
             q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask,
             None if softmax_scale is None else float(softmax_scale), bool(causal), left, right,
             float(softcap) if softcap else 0.0, float(dropout_p) if dropout_p else 0.0, None,
-            bool(deterministic), algorithm_code(algorithm), bq, bk, bhnd, -1, -1))
+            bool(deterministic), algorithm_code(algorithm), bq, bk, bhnd, -1, -1, block_table,
+            _splits(num_splits)))
+    except (RuntimeError, ValueError, TypeError) as e:
+        _reraise(e)
+
+
+def _splits(num_splits):
+    if num_splits is None:
+        return 0
+    try:
+        return operator.index(num_splits)
+    except TypeError:
+        raise TypeError("flashattn: num_splits must be an int, got %r" % (num_splits,)) from None
+
+
+def kvcache(q, k_cache, v_cache, cache_seqlens, k=None, v=None, rotary_cos=None,
+            rotary_sin=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+            alibi_slopes=None, softmax_scale=None, causal=False, window_size=(-1, -1),
+            softcap=0.0, rotary_interleaved=True, num_splits=0, algorithm="flash2"):
+    """flashattn::kvcache: writes k and v (rotated) into k_cache and v_cache in place, then
+    returns (out, lse) of q (rotated) against the caches (flash_attn_with_kvcache's
+    arguments; cache_seqlens an int32 tensor (batch,) on q's device)."""
+    left, right = window_bounds(window_size)
+    try:
+        return _kvcache(q, k_cache, v_cache, cache_seqlens, k, v, rotary_cos, rotary_sin,
+                        cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
+                        None if softmax_scale is None else float(softmax_scale), bool(causal),
+                        left, right, float(softcap or 0.0), bool(rotary_interleaved),
+                        _splits(num_splits), algorithm_code(algorithm))
     except (RuntimeError, ValueError, TypeError) as e:
         _reraise(e)
 
@@ -251,7 +321,8 @@ def _rng_state(dropout_p, dropout_seed, dropout_offset):
 def fwd(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
         alibi_slopes=None, dropout_p=0.0, dropout_seed=None, dropout_offset=0,
         cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, block_mask=None,
-        block_size=None, deterministic=False, algorithm="flash2", shard=None):
+        block_size=None, deterministic=False, algorithm="flash2", shard=None,
+        block_table=None, num_splits=0):
     """Forward without autograd: returns (out, lse).
 
     q: (batch, seqlen_q, heads, headdim), k and v: (batch, seqlen_k, heads_k, headdim)
@@ -263,7 +334,10 @@ def fwd(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), soft
     dropout_offset (ints; pass the same ones to bwd). seqused_k: int32 (batch,), the
     keys each sequence uses. shard=(q_offset, k_offset): q and k are shards of one
     sequence whose rows and keys sit at those positions (masks, ALiBi and dropout at the
-    sequence's positions; fa_params.shard_enabled). Nothing here records autograd history.
+    sequence's positions; fa_params.shard_enabled). block_table: int32 (batch,
+    max_num_blocks_per_seq), k and v then page pools (num_blocks, page_block_size, heads_k,
+    headdim); num_splits: the CUDA forward's key splits (0: chosen). Nothing here records
+    autograd history.
     """
     left, right = window_bounds(window_size)
     bq, bk = block_sizes(block_size)
@@ -274,7 +348,8 @@ def fwd(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), soft
                 q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask,
                 None if softmax_scale is None else float(softmax_scale), bool(causal), left,
                 right, float(softcap or 0.0), float(dropout_p or 0.0), rng, bool(deterministic),
-                algorithm_code(algorithm), bq, bk, False, *_shard(shard)))
+                algorithm_code(algorithm), bq, bk, False, *_shard(shard), block_table,
+                _splits(num_splits)))
     except (RuntimeError, ValueError, TypeError) as e:
         _reraise(e)
     return out, lse
@@ -283,7 +358,8 @@ def fwd(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), soft
 def bwd(dout, q, k, v, out, lse, *, softmax_scale=None, causal=False, window_size=(-1, -1),
         softcap=0.0, alibi_slopes=None, dropout_p=0.0, dropout_seed=None, dropout_offset=0,
         cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, block_mask=None,
-        block_size=None, deterministic=False, algorithm="flash2", shard=None):
+        block_size=None, deterministic=False, algorithm="flash2", shard=None,
+        block_table=None):
     """Backward given the forward's out and lse: returns (dq, dk, dv), like q, k, v.
 
     dout is like out (any strides; copied once if headdim is not contiguous). Pass the
@@ -300,7 +376,8 @@ def bwd(dout, q, k, v, out, lse, *, softmax_scale=None, causal=False, window_siz
                 dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes,
                 block_mask, None if softmax_scale is None else float(softmax_scale),
                 bool(causal), left, right, float(softcap or 0.0), float(dropout_p or 0.0), rng,
-                bool(deterministic), algorithm_code(algorithm), bq, bk, False, *_shard(shard)))
+                bool(deterministic), algorithm_code(algorithm), bq, bk, False, *_shard(shard),
+                block_table, 0))
     except (RuntimeError, ValueError, TypeError) as e:
         _reraise(e)
 
@@ -319,4 +396,4 @@ def draw_seed():
     return int(torch.randint(0, 2 ** 62, (1,), dtype=torch.int64).item())
 
 
-__all__ = ["fwd", "bwd", "draw_seed", "AVAILABLE", "MISSING"]
+__all__ = ["fwd", "bwd", "kvcache", "draw_seed", "AVAILABLE", "MISSING"]

@@ -87,6 +87,10 @@ class NumpyAdapter:
         return np.empty(shape, dtype=_AUX[dtype])
 
     @staticmethod
+    def writable(x):
+        return bool(x.flags.writeable)
+
+    @staticmethod
     def fill_(x, value):
         x.fill(value)
 

@@ -25,7 +25,7 @@ ENUMS = {
     "FA_PASS_FORWARD": _lib.Pass.FORWARD, "FA_PASS_BACKWARD": _lib.Pass.BACKWARD,
     "FA_MAX_HEADDIM": _lib.MAX_HEADDIM,
 }
-STRUCTS = {"fa_tensor": _lib.FaTensor, "fa_params": _lib.FaParams}
+STRUCTS = {"fa_tensor": _lib.FaTensor, "fa_params": _lib.FaParams, "fa_kvcache": _lib.FaKvcache}
 
 
 def _c_layout(tmp_path):

@@ -111,3 +111,44 @@ def test_compiled_autograd_after_an_eager_forward():
         out.square().sum().backward()
     for a, t in zip(ref, (q, k, v)):
         assert torch.equal(a, t.grad)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_kvcache_fullgraph(backend):
+    """The KV-cache call with an append, rotary and a page table under torch.compile:
+    one flashattn.kvcache node, the caches written as in eager mode (aot_eager
+    functionalizes the mutation and copies the result back)."""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    g = torch.Generator().manual_seed(3)
+    b, page, maxb, hk, hq, d = 2, 16, 3, 2, 4, 16
+    q = torch.randn(b, 2, hq, d, generator=g)
+    knew, vnew = (torch.randn(b, 2, hk, d, generator=g) for _ in range(2))
+    kc0, vc0 = (torch.randn(b * maxb + 1, page, hk, d, generator=g) for _ in range(2))
+    table = torch.randperm(b * maxb + 1, generator=g)[:b * maxb].view(b, maxb).int()
+    ang = torch.rand(page * maxb, d // 4, generator=g) * 6.28
+    cos, sin = ang.cos(), ang.sin()
+    lens = torch.tensor([30, 7], dtype=torch.int32)
+
+    def step(q, kc, vc, knew, vnew, cos, sin, lens, table):
+        out = flashattn.flash_attn_with_kvcache(q, kc, vc, knew, vnew, cos, sin, lens,
+                                                block_table=table, causal=True,
+                                                rotary_interleaved=False)
+        return out * 2
+
+    torch._dynamo.reset()
+    kc, vc = kc0.clone(), vc0.clone()
+    ref = step(q, kc, vc, knew, vnew, cos, sin, lens, table)
+    f = torch.compile(step, backend=record if backend == "eager" else backend, fullgraph=True)
+    kc2, vc2 = kc0.clone(), vc0.clone()
+    out = f(q, kc2, vc2, knew, vnew, cos, sin, lens, table)
+    assert torch.equal(out, ref)
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc) and not torch.equal(kc2, kc0)
+    if backend == "eager":
+        assert len(graphs) == 1
+        targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+        assert sum("flashattn.kvcache" in t for t in targets) == 1, targets

@@ -296,3 +296,102 @@ def test_transformers_llama_on_cuda():
     gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False,
                          pad_token_id=0)
     assert gen.shape == (3, 45)
+
+
+# ---- flash_attn_with_kvcache and paged varlen: test_kvcache.py's cases on the GPU --------
+
+from test_kvcache import FEATURES, _Case, _paged_varlen, _varlen_expected  # noqa: E402
+
+
+def _round_case(c, dtype):
+    """The case's float inputs rounded to dtype (kept as float32), so that the float64
+    reference sees the values the GPU does."""
+    for name in ("q", "kc", "vc", "k", "v", "cos", "sin"):
+        x = getattr(c, name)
+        if x is not None:
+            setattr(c, name, torch.from_numpy(x).to(dtype).float().numpy())
+    return c
+
+
+def _run_cuda(c, dtype, num_splits=0):
+    def conv(x):
+        if x is None:
+            return None
+        t = torch.from_numpy(x).to("cuda")
+        return t.to(dtype) if t.is_floating_point() else t
+    kc, vc = conv(c.kc), conv(c.vc)
+    out, lse = flashattn.flash_attn_with_kvcache(
+        conv(c.q), kc, vc, conv(c.k), conv(c.v), conv(c.cos), conv(c.sin), conv(c.seqlens),
+        conv(c.batch_idx), conv(c.leftpad), conv(c.block_table), c.scale, c.causal, c.window,
+        c.softcap, c.interleaved, None if c.alibi is None else torch.from_numpy(c.alibi).cuda(),
+        num_splits, True)
+    return tuple(x.float().cpu().numpy() for x in (kc, vc, out, lse))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page", [None, 16, 64, 256])
+@pytest.mark.parametrize("feature", sorted(FEATURES))
+@pytest.mark.parametrize("num_splits", [0, 1, 4])
+def test_kvcache_call(dtype, page, feature, num_splits):
+    c = _round_case(_Case(7 + (page or 0), page=page, d=64, **FEATURES[feature]), dtype)
+    kc, vc, out, lse = _run_cuda(c, dtype, num_splits)
+    ekc, evc, eout, else_ = c.expected()
+    appended = np.zeros(c.kc.shape[:2], dtype=bool)
+    for i in range(c.b):
+        for t in range(c.nnew):
+            appended[c._where(i, c.seqlens[i] + t)] = True
+    assert np.array_equal(kc[~appended], c.kc[~appended], equal_nan=True)
+    assert np.array_equal(vc[~appended], c.vc[~appended], equal_nan=True)
+    assert np.array_equal(vc[appended], evc[appended])
+    if appended.any():
+        assert_close(kc[appended], ekc[appended], TOL[dtype], "appended keys")
+    assert np.isfinite(out).all()
+    assert_close(out, eout, TOL[dtype], "out")
+    fin = np.isfinite(else_)
+    assert np.array_equal(np.isfinite(lse), fin)
+    assert_close(lse[fin], else_[fin], 1e-3, "lse")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("feature", ["leftpad", "batch_idx"])
+def test_kvcache_leftpad_and_batch_idx(dtype, feature):
+    c = _round_case(_Case(3, nq=3, nnew=2, causal=True, rotary=16, d=64,
+                          **{feature: True}), dtype)
+    kc, vc, out, _ = _run_cuda(c, dtype)
+    ekc, evc, eout, _ = c.expected()
+    assert_close(out, eout, TOL[dtype], "out")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page", [16, 64, 256])
+def test_varlen_block_table(dtype, page):
+    q, kc, vc, bt, cu_q, cu_k, ks, vs = _paged_varlen(page, page, [3, 1, 70], [40, 600, 70],
+                                                      d=64)
+    r = (lambda x: torch.from_numpy(x).to(dtype).float().numpy())
+    q, kc, vc = r(q), r(kc), r(vc)
+    ks, vs = [r(x) for x in ks], [r(x) for x in vs]
+    dev = (lambda x: torch.from_numpy(x).to("cuda", dtype))
+    out = flashattn.flash_attn_varlen_func(dev(q), dev(kc), dev(vc),
+                                           torch.from_numpy(cu_q).cuda(),
+                                           torch.from_numpy(cu_k).cuda(), causal=True,
+                                           block_table=torch.from_numpy(bt).cuda())
+    eout, _ = _varlen_expected(q, cu_q, ks, vs, causal=True)
+    assert_close(out.float().cpu().numpy(), eout, TOL[dtype], "out")
+
+
+def test_kvcache_paged_append_no_host_synchronisation():
+    c = _Case(1, nq=1, nnew=1, page=64, causal=True, rotary=32, d=64)
+    c.kc[np.isnan(c.kc)] = 0
+    c.vc[np.isnan(c.vc)] = 0
+    t = {n: torch.from_numpy(getattr(c, n)).cuda() for n in ("q", "kc", "vc", "k", "v", "cos",
+                                                             "sin", "seqlens", "block_table")}
+    t = {n: x.half() if x.is_floating_point() else x for n, x in t.items()}
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        flashattn.flash_attn_with_kvcache(t["q"], t["kc"], t["vc"], t["k"], t["v"], t["cos"],
+                                          t["sin"], t["seqlens"], block_table=t["block_table"],
+                                          causal=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()

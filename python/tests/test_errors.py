@@ -147,7 +147,7 @@ def test_bad_options():
         flashattn.flash_attn_func(q, k, v, softmax_scale=float("nan"))
     with pytest.raises(ValueError, match="alibi_slopes"):
         flashattn.flash_attn_func(q, k, v, alibi_slopes=torch.ones(3))
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(ValueError, match="page_block_size"):  # k is not a page pool
         flashattn.flash_attn_varlen_func(q[0], k[0], v[0], torch.tensor([0, 8]),
                                          torch.tensor([0, 8]), 8, 8, block_table=torch.ones(1))
 

@@ -87,6 +87,16 @@ def test_every_public_function_goes_through_the_operator(fn):
     assert [s for s in seen if "flashattn" in s] == ["flashattn.fwd.default"]
 
 
+def test_kvcache_append_is_one_operator_call():
+    q, k, v = _qkv()
+    new = k[:, :2].detach().clone()
+    kc, vc = k.detach().clone(), v.detach().clone()
+    with _Record() as seen:
+        flashattn.flash_attn_with_kvcache(q.detach(), kc, vc, new, new,
+                                          cache_seqlens=torch.tensor([5, 20], dtype=torch.int32))
+    assert [s for s in seen if "flashattn" in s] == ["flashattn.kvcache.default"]
+
+
 def test_no_grad_and_inputs_without_grad():
     q, k, v = _qkv()
     k.requires_grad_(False)

@@ -1,10 +1,11 @@
-// flashattn._C: the Python entry to flashattn::fwd and flashattn::bwd for eager calls.
+// flashattn._C: the Python entry to flashattn::fwd, flashattn::bwd and flashattn::kvcache
+// for eager calls.
 //
 // torch.ops.flashattn.fwd(...) parses its arguments against the schema, boxes them and
 // dispatches through the boxed path: more host time than a native torch function costs.
-// fwd() and bwd() here take the schema's arguments positionally, as exact Python types,
-// and call the operators through the dispatcher unboxed (autograd, tracing and dispatch
-// modes still apply). Anything they do not take as is (a tensor subclass, an active
+// fwd(), bwd() and kvcache() here take the schema's arguments positionally, as exact
+// Python types, and call the operators through the dispatcher unboxed (autograd, tracing
+// and dispatch modes still apply). Anything they do not take as is (a tensor subclass, an active
 // __torch_function__ mode, another argument type) makes them return NotImplemented, and
 // python/flashattn/_ops.py then calls torch.ops, which handles it (or raises the schema's
 // error). Under torch.compile _ops.py calls torch.ops directly.
@@ -162,6 +163,47 @@ PyObject *bwd(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
+// args: q, k_cache, v_cache, cache_seqlens, k, v, rotary_cos, rotary_sin, cache_batch_idx,
+// cache_leftpad, block_table, alibi_slopes, softmax_scale, causal, window_left,
+// window_right, softcap, rotary_interleaved, num_splits, algorithm
+PyObject *kvcache(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  const Tensor *t[4] = {};
+  optional<Tensor> opt[8];
+  optional<double> scale;
+  bool causal = false, interleaved = true;
+  int64_t left = -1, right = -1, splits = 0, algorithm = 0;
+  double softcap = 0;
+  if (nargs != 20) return not_taken();
+  for (int i = 0; i < 4; i++)
+    if (!tensor_arg(args[i], &t[i])) return not_taken();
+  for (int i = 0; i < 8; i++)
+    if (!optional_tensor_arg(args[4 + i], &opt[i])) return not_taken();
+  if (!optional_double_arg(args[12], &scale) || !bool_arg(args[13], &causal) ||
+      !int_arg(args[14], &left) || !int_arg(args[15], &right) || !double_arg(args[16], &softcap) ||
+      !bool_arg(args[17], &interleaved) || !int_arg(args[18], &splits) ||
+      !int_arg(args[19], &algorithm) || at::impl::torch_function_mode_enabled())
+    return not_taken();
+  std::tuple<Tensor, Tensor> r;
+  {
+    ReleaseGil nogil;
+    r = kvcache_op().call(*t[0], *t[1], *t[2], *t[3], opt[0], opt[1], opt[2], opt[3], opt[4],
+                          opt[5], opt[6], opt[7], scale, causal, left, right, softcap, interleaved,
+                          splits, algorithm);
+  }
+  PyObject *tup = PyTuple_New(2);
+  if (!tup) return nullptr;
+  PyObject *items[2] = {THPVariable_Wrap(std::move(std::get<0>(r))),
+                        THPVariable_Wrap(std::move(std::get<1>(r)))};
+  for (int i = 0; i < 2; i++) PyTuple_SET_ITEM(tup, i, items[i]);  // steals; NULL on failure
+  if (!items[0] || !items[1]) {
+    Py_DECREF(tup);
+    return nullptr;
+  }
+  return tup;
+  END_HANDLE_TH_ERRORS
+}
+
 PyMethodDef methods[] = {
     {"fwd", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fwd)), METH_FASTCALL,
      "flashattn::fwd with the schema's 24 arguments, positionally; NotImplemented if it "
@@ -169,17 +211,22 @@ PyMethodDef methods[] = {
     {"bwd", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&bwd)), METH_FASTCALL,
      "flashattn::bwd with the schema's 27 arguments, positionally; NotImplemented if it "
      "does not take them as they are."},
+    {"kvcache", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&kvcache)),
+     METH_FASTCALL,
+     "flashattn::kvcache with the schema's 20 arguments, positionally; NotImplemented if it "
+     "does not take them as they are."},
     {nullptr, nullptr, 0, nullptr}};
 
-PyModuleDef module = {PyModuleDef_HEAD_INIT,
-                      "flashattn._C",
-                      "flashattn's PyTorch operators (flashattn::fwd, flashattn::bwd).",
-                      -1,
-                      methods,
-                      nullptr,
-                      nullptr,
-                      nullptr,
-                      nullptr};
+PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    "flashattn._C",
+    "flashattn's PyTorch operators (flashattn::fwd, flashattn::bwd, flashattn::kvcache).",
+    -1,
+    methods,
+    nullptr,
+    nullptr,
+    nullptr,
+    nullptr};
 
 }  // namespace
 

@@ -162,6 +162,7 @@ if AVAILABLE:
     # without the eager entry (built without Python.h) every call goes through torch.ops
     _fast_fwd = _C.fwd if _C is not None else _not_taken
     _fast_bwd = _C.bwd if _C is not None else _not_taken
+    _fast_kvcache = getattr(_C, "kvcache", _not_taken)
     _compiler = getattr(torch, "compiler", None)
     _is_compiling = getattr(_compiler, "is_compiling", None) or torch._dynamo.is_compiling
 
@@ -248,7 +249,7 @@ else:
     def _is_compiling():
         return False
 
-    _fast_fwd = _fast_bwd = _not_taken
+    _fast_fwd = _fast_bwd = _fast_kvcache = _not_taken
 
 
 def _call(fast, op, args):
@@ -300,11 +301,12 @@ def kvcache(q, k_cache, v_cache, cache_seqlens, k=None, v=None, rotary_cos=None,
     arguments; cache_seqlens an int32 tensor (batch,) on q's device)."""
     left, right = window_bounds(window_size)
     try:
-        return _kvcache(q, k_cache, v_cache, cache_seqlens, k, v, rotary_cos, rotary_sin,
-                        cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
-                        None if softmax_scale is None else float(softmax_scale), bool(causal),
-                        left, right, float(softcap or 0.0), bool(rotary_interleaved),
-                        _splits(num_splits), algorithm_code(algorithm))
+        return _call(_fast_kvcache, _kvcache, (
+            q, k_cache, v_cache, cache_seqlens, k, v, rotary_cos, rotary_sin, cache_batch_idx,
+            cache_leftpad, block_table, alibi_slopes,
+            None if softmax_scale is None else float(softmax_scale), bool(causal), left, right,
+            float(softcap or 0.0), bool(rotary_interleaved), _splits(num_splits),
+            algorithm_code(algorithm)))
     except (RuntimeError, ValueError, TypeError) as e:
         _reraise(e)
 

@@ -538,3 +538,34 @@ def test_kvcache_opcheck():
                           (t["q"], t["kc"], t["vc"], t["seqlens"]),
                           dict(k=t["k"], v=t["v"], rotary_cos=t["cos"], rotary_sin=t["sin"],
                                block_table=t["block_table"], causal=True))
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+def test_eager_entry_matches_the_operator():
+    """flashattn._C.kvcache (the eager entry) and torch.ops.flashattn.kvcache: the same
+    outputs and cache writes; a tensor subclass is left to torch.ops (NotImplemented)."""
+    from flashattn import _ops
+    if _ops._fast_kvcache is _ops._not_taken:
+        pytest.skip("the package was built without the eager entry")
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 3, 4, 16, generator=g)
+    caches = [torch.full((2, 12, 2, 16), float("nan")) for _ in range(2)]
+    for c in caches:
+        c[:, :5] = torch.randn(2, 5, 2, 16, generator=g)
+    k, v = torch.randn(2, 3, 2, 16, generator=g), torch.randn(2, 3, 2, 16, generator=g)
+    lens = torch.tensor([5, 2], dtype=torch.int32)
+    args = lambda kc, vc: (q, kc, vc, lens, k, v, None, None, None, None, None,  # noqa: E731
+                           None, None, True, -1, -1, 0.0, True, 0, 0)
+    fast = [c.clone() for c in caches]
+    slow = [c.clone() for c in caches]
+    o1, l1 = _ops._fast_kvcache(*args(*fast))
+    o2, l2 = _ops._kvcache(*args(*slow))
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)
+    for a, b in zip(fast, slow):
+        assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
+    assert not torch.isnan(o1).any()
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert _ops._fast_kvcache(*args(fast[0].as_subclass(Sub), fast[1])) is NotImplemented

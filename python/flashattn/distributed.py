@@ -499,17 +499,7 @@ def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None,
     reproducible gradients. Returns out (like q), and with return_lse also the float32
     log-sum-exp (batch, nheads, seqlen_local). Differentiable in q, k and v.
     """
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 4:
-            raise ValueError("%s must be a 4-D torch.Tensor (batch, seqlen_local, heads, "
-                             "headdim)" % name)
-    if k.shape != v.shape or k.shape[:2] != q.shape[:2] or k.shape[3] != q.shape[3]:
-        raise ValueError("q %s, k %s and v %s: k and v must have q's batch, seqlen_local and "
-                         "headdim (each rank holds the same positions of all three)"
-                         % (tuple(q.shape), tuple(k.shape), tuple(v.shape)))
-    if q.shape[2] % k.shape[2]:
-        raise ValueError("the number of q heads (%d) must be a multiple of the number of "
-                         "k/v heads (%d)" % (q.shape[2], k.shape[2]))
+    _check_qkv(q, k, v, packed=False)
     _check_layout(layout, q.shape[1])
     ring = _Ring(group)
     a = _make_args(q, group, causal, softmax_scale, window_size, softcap, alibi_slopes,
@@ -523,6 +513,24 @@ def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None,
                          "four keys), got %d" % q.shape[1])
     out, lse = _RingFlashAttn.apply(q.contiguous(), k.contiguous(), v.contiguous(), a, ring)
     return (out, lse) if return_lse else out
+
+
+def _check_qkv(q, k, v, packed):
+    """One rank's q, k, v: (batch, seqlen_local, heads, headdim), or packed (total_local,
+    heads, headdim); k and v at q's rows, with heads_k dividing heads."""
+    nd, rows = (3, 1) if packed else (4, 2)
+    what = "total_local" if packed else "batch, seqlen_local"
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != nd:
+            raise ValueError("%s must be a %d-D torch.Tensor (%s, heads, headdim)"
+                             % (name, nd, what))
+    if k.shape != v.shape or k.shape[:rows] != q.shape[:rows] or k.shape[-1] != q.shape[-1]:
+        raise ValueError("q %s, k %s and v %s: k and v must have q's %s and headdim (each "
+                         "rank holds the same rows of all three)"
+                         % (tuple(q.shape), tuple(k.shape), tuple(v.shape), what))
+    if q.shape[-2] % k.shape[-2]:
+        raise ValueError("the number of q heads (%d) must be a multiple of the number of "
+                         "k/v heads (%d)" % (q.shape[-2], k.shape[-2]))
 
 
 def _make_args(q, group, causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p,
@@ -568,17 +576,7 @@ def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen=None, group=None
     the host once per call (a synchronisation when it is a CUDA tensor).
     """
     del max_seqlen
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 3:
-            raise ValueError("%s must be a 3-D torch.Tensor (total_local, heads, headdim)"
-                             % name)
-    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
-        raise ValueError("q %s, k %s and v %s: k and v must have q's total_local and headdim "
-                         "(each rank holds the same rows of all three)"
-                         % (tuple(q.shape), tuple(k.shape), tuple(v.shape)))
-    if q.shape[1] % k.shape[1]:
-        raise ValueError("the number of q heads (%d) must be a multiple of the number of "
-                         "k/v heads (%d)" % (q.shape[1], k.shape[1]))
+    _check_qkv(q, k, v, packed=True)
     cu = _offsets(cu_seqlens)
     if cu[-1] != q.shape[0]:
         raise ValueError("cu_seqlens ends at %d but q has %d rows" % (cu[-1], q.shape[0]))

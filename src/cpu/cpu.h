@@ -62,9 +62,31 @@ static inline int64_t cpu_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static inline int64_t cpu_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t cpu_max(int64_t a, int64_t b) { return a > b ? a : b; }
 
-/* Threads for `units` work units (at least 1, never more than units). */
-static inline int cpu_threads(const fa_problem *pb, int64_t units) {
-  return (int)cpu_max(1, cpu_min(pb->num_threads, units));
+/* Work a thread must have before a parallel region wakes it: 2^24 FLOPs,
+ * ~0.1-0.2 ms of one core. Waking an idle thread costs microseconds on a
+ * quiet machine, but where other processes keep the cores busy, every
+ * barrier waits until the scheduler runs each thread of the team (a time
+ * slice, milliseconds): B=1, H=1, N=64, D=256 forward + backward on 2 threads
+ * took 0.3 ms median but 8-48 ms at the 90th percentile then, against 0.25
+ * ms on one (docs/PERF.md, CPU: small problems). */
+#define CPU_THREAD_FLOPS ((int64_t)1 << 24)
+
+/* The forward's FLOPs: 4 per head dim of every (query row, key) pair of
+ * every query head, half the pairs under a causal mask (an estimate: other
+ * masks and varlen batches count their longest sequences whole). */
+static inline int64_t cpu_fwd_flops(const fa_problem *pb) {
+  const int64_t nq = pb->max_seqlen_q, nk = pb->max_seqlen_k;
+  int64_t pairs = nq * nk;
+  if (pb->params->causal) pairs = nq <= nk ? nq * nk - nq * (nq - 1) / 2 : nk * (nk + 1) / 2;
+  return 4 * pb->batch * pb->heads_q * pairs * pb->headdim;
+}
+
+/* Threads for `units` work units that hold `flops` of work between them: at
+ * least 1, at most num_threads, one per unit and one per CPU_THREAD_FLOPS
+ * (a tiny problem runs on the calling thread alone). */
+static inline int cpu_threads(const fa_problem *pb, int64_t units, int64_t flops) {
+  const int64_t by_work = flops / CPU_THREAD_FLOPS;
+  return (int)cpu_max(1, cpu_min(pb->num_threads, cpu_min(units, by_work)));
 }
 
 /* Workspace carving: each buffer starts on a 64-byte line, so per-thread

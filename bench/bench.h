@@ -97,7 +97,7 @@ double bench_now_seconds(void);
 
 typedef struct bench_peak {
   int measured;
-  const char *isa;   /* the FMA kernel used: "avx2+fma" or "scalar" */
+  const char *isa;   /* the FMA kernel used: "avx512f", "avx2+fma" or "generic" */
   double fma_gflops; /* float32, all threads */
   double dram_gbps;  /* read bandwidth, all threads, 1e9 bytes/s */
   size_t dram_bytes; /* size of the array read */

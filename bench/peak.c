@@ -1,10 +1,12 @@
 /* The machine's measured ceilings, the yardstick for the CPU kernels: float32
  * FMA throughput (independent FMA chains on 8-wide vectors, and on 16-wide
- * ones where the CPU has AVX-512, all threads) and
+ * ones where the CPU has AVX-512, all threads; only the 8-wide ones under
+ * FLASHATTN_CPU_ISA=avx2, the portable C's under =portable) and
  * DRAM read bandwidth (a sum over an array far larger than any cache). */
 #define _POSIX_C_SOURCE 200809L
 #include <omp.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "bench.h"
@@ -168,16 +170,22 @@ static double measure_dram(int threads, size_t *bytes_out) {
 void bench_measure_peak(int threads, bench_peak *p) {
   fma_kernel k = fma_generic;
   p->isa = "generic";
+  /* the peak of the instructions the kernels run: FLASHATTN_CPU_ISA=avx2
+   * forces the library's AVX2 kernels (16 vector registers, no AVX-512
+   * encodings), so the peak is AVX2's; =portable, the portable C's */
+  const char *want = getenv("FLASHATTN_CPU_ISA");
+  const int portable = want && strcmp(want, "portable") == 0;
+  const int avx2_only = want && strcmp(want, "avx2") == 0;
 #ifdef BENCH_X86
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+  if (!portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
     k = fma_avx2;
     p->isa = "avx2+fma";
   }
 #endif
   p->fma_gflops = measure_fma(k, threads, LANES);
 #ifdef BENCH_X86
-  if (k == fma_avx2 && __builtin_cpu_supports("avx512f")) {
+  if (k == fma_avx2 && !avx2_only && __builtin_cpu_supports("avx512f")) {
     const double g = measure_fma(fma_avx512, threads, 2 * LANES);
     if (g > p->fma_gflops) {
       p->fma_gflops = g;

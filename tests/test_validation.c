@@ -770,6 +770,43 @@ static void threads_huge_fn(const void *arg) {
   }
 }
 
+/* A tiny problem runs on the calling thread whatever num_threads says (on a
+ * busy host each woken thread costs a scheduler time slice), and a large one
+ * still spreads: the CPU workspace holds one slice per thread it uses. */
+static size_t ws_bytes(fa_pass pass, int threads, int64_t H, int64_t N, int64_t D) {
+  fa_params p;
+  memset(&p, 0, sizeof p);
+  p.causal = 1;
+  p.num_threads = threads;
+  const fa_tensor t = fa_tensor_bnhd(NULL, FA_DTYPE_F32, 1, N, H, D);
+  size_t bytes = 0;
+  if (fa_workspace_size(pass, &p, &t, &t, &t, &bytes) != FA_OK) {
+    tr_fail("fa_workspace_size(H=%lld, N=%lld, D=%lld): %s", (long long)H, (long long)N,
+            (long long)D, fa_last_error());
+    return 0;
+  }
+  return bytes;
+}
+
+static void tiny_one_thread_fn(const void *arg) {
+  (void)arg;
+  for (int pass = 0; pass < 2; pass++) {
+    const char *name = pass ? "backward" : "forward";
+    const size_t one = ws_bytes((fa_pass)pass, 1, 1, 64, 256),
+                 many = ws_bytes((fa_pass)pass, 8, 1, 64, 256);
+    if (one != many)
+      tr_fail(
+          "%s, H=1 N=64 D=256: workspace %zu bytes on 8 threads, %zu on 1: more than one "
+          "thread's slice for a tiny problem",
+          name, many, one);
+    const size_t big1 = ws_bytes((fa_pass)pass, 1, 16, 4096, 64),
+                 big2 = ws_bytes((fa_pass)pass, 2, 16, 4096, 64);
+    if (big2 <= big1)
+      tr_fail("%s, H=16 N=4096 D=64: workspace %zu bytes on 2 threads, %zu on 1: not spread", name,
+              big2, big1);
+  }
+}
+
 /* A window with both bounds negative is no window at all. */
 static void window_unlimited_fn(const void *arg) {
   (void)arg;
@@ -984,6 +1021,7 @@ void register_validation_tests(void) {
   tr_add("valid/base", base_valid_fn, NULL, 0, 0);
   tr_add("valid/lse-null", lse_null_fn, NULL, 0, 0);
   tr_add("valid/num-threads-huge", threads_huge_fn, NULL, 0, 0);
+  tr_add("valid/tiny-problem-one-thread", tiny_one_thread_fn, NULL, 0, 0);
   tr_add("valid/window-unlimited", window_unlimited_fn, NULL, 0, 0);
   tr_add("valid/varlen-all-empty-queries", varlen_empty_queries_fn, NULL, 0, 0);
   for (size_t i = 0; i < sizeof k_cases / sizeof k_cases[0]; i++) {

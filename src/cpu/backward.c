@@ -114,7 +114,7 @@ static bwd_sched bwd_schedule(const cpu_ctx *c) {
   /* Packing Q and dO once per unit instead of converting a tile per step:
    * BNHD rows lie a head-stride apart, and each key block re-reading them
    * row by row stalled on every row (D=128 f32: ~19% of the backward). */
-  s.nt = cpu_threads(pb, cpu_max(s.q_units, s.kv_units));
+  s.nt = cpu_threads(pb, cpu_max(s.q_units, s.kv_units), cpu_fwd_flops(pb) * 2.5);
   const int pack = cpu_pack_enabled();
   s.pack_bytes = pack && s.fused && 3 * s.dq_bytes <= BWD_FUSED_MAX_BYTES &&
                          (size_t)s.nt * 2 * s.dq_bytes <= 4 * BWD_PACK_MAX_BYTES

@@ -62,9 +62,33 @@ static inline int64_t cpu_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static inline int64_t cpu_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t cpu_max(int64_t a, int64_t b) { return a > b ? a : b; }
 
-/* Threads for `units` work units (at least 1, never more than units). */
-static inline int cpu_threads(const fa_problem *pb, int64_t units) {
-  return (int)cpu_max(1, cpu_min(pb->num_threads, units));
+/* Work a thread must have before a parallel region wakes it: 2^24 FLOPs,
+ * ~0.1-0.2 ms of one core. Waking an idle thread costs microseconds on a
+ * quiet machine, but where other processes keep the cores busy, every
+ * barrier waits until the scheduler runs each thread of the team (a time
+ * slice, milliseconds): B=1, H=1, N=64, D=256 forward + backward on 2 threads
+ * took 0.3 ms median but 8-48 ms at the 90th percentile then, against 0.25
+ * ms on one (docs/PERF.md, CPU: small problems). */
+#define CPU_THREAD_FLOPS ((int64_t)1 << 24)
+
+/* The forward's FLOPs: 4 per head dim of every (query row, key) pair of
+ * every query head, half the pairs under a causal mask (an estimate: other
+ * masks and varlen batches count their longest sequences whole). */
+static inline double cpu_fwd_flops(const fa_problem *pb) {
+  const double nq = (double)pb->max_seqlen_q, nk = (double)pb->max_seqlen_k;
+  double pairs = nq * nk;
+  if (pb->causal) pairs = nq <= nk ? nq * nk - nq * (nq - 1) / 2 : nk * (nk + 1) / 2;
+  return 4.0 * (double)pb->batch * (double)pb->heads_q * pairs * (double)pb->headdim;
+}
+
+/* Threads for `units` work units that hold `flops` of work between them: at
+ * least 1, at most num_threads, one per unit and one per CPU_THREAD_FLOPS
+ * (a tiny problem runs on the calling thread alone). FLOPs are counted in
+ * double: a broadcast problem's count may pass 2^63. */
+static inline int cpu_threads(const fa_problem *pb, int64_t units, double flops) {
+  const double by_work = flops / (double)CPU_THREAD_FLOPS;
+  const int64_t most = cpu_min(pb->num_threads, units);
+  return (int)cpu_max(1, by_work < (double)most ? (int64_t)by_work : most);
 }
 
 /* Workspace carving: each buffer starts on a 64-byte line, so per-thread

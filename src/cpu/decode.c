@@ -94,7 +94,10 @@ static dec_plan dec_make_plan(const fa_problem *pb) {
   p.rows_bk =
       dec_rows_path(pb, &p) ? cpu_min(DEC_ROWS_MAX, cpu_max(DEC_BK, DEC_ROWS_BYTES / row)) : DEC_BK;
   p.units = pb->batch * p.nsplit;
-  p.nt = cpu_threads(pb, p.units);
+  /* memory-bound: each K/V byte counted as 4 FLOPs (~20 GB/s a core) */
+  const int64_t kv_bytes =
+      2 * pb->batch * pb->heads_k * nk * pb->headdim * (int64_t)fa_dtype_bytes(pb->dtype);
+  p.nt = cpu_threads(pb, p.units, cpu_fwd_flops(pb) + 4.0 * (double)kv_bytes);
   return p;
 }
 

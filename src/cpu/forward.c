@@ -75,9 +75,11 @@ static float *fwd_pack_v(const cpu_ctx *c, float *pack, int64_t hk) {
 static fwd_sched fwd_schedule(const cpu_ctx *c) {
   const fa_problem *pb = c->pb;
   const int64_t bh = pb->batch * pb->heads_q, nq = pb->max_seqlen_q, br = c->br;
+  /* the threads the work is worth (cpu_threads), before units are cut */
+  const int64_t nt = cpu_threads(pb, INT64_MAX, cpu_fwd_flops(pb));
   fwd_sched s;
   if (pb->algorithm == FA_ALGO_FLASH1) {
-    const int64_t per_bh = cpu_cdiv(pb->num_threads, bh);
+    const int64_t per_bh = cpu_cdiv(nt, bh);
     s.chunk = cpu_max(br, cpu_cdiv(cpu_cdiv(nq, per_bh), br) * br);
   } else {
     /* Up to 8 sub-blocks share each K/V tile while Q^T and O stay within
@@ -86,8 +88,7 @@ static fwd_sched fwd_schedule(const cpu_ctx *c) {
      * stalls being ~7% of the time at 4). */
     int64_t l1, l2, f = 8;
     cpu_cache_sizes(&l1, &l2);
-    while (f > 1 && (f * br * (c->D + c->Dp) * 4 > l2 / 2 ||
-                     bh * cpu_cdiv(nq, f * br) < 4 * (int64_t)pb->num_threads))
+    while (f > 1 && (f * br * (c->D + c->Dp) * 4 > l2 / 2 || bh * cpu_cdiv(nq, f * br) < 4 * nt))
       f--;
     /* at least one Br: a varlen batch whose query sequences are all empty
      * (nq = 0) then has no units, where a chunk of 0 rows divided by zero */
@@ -95,7 +96,7 @@ static fwd_sched fwd_schedule(const cpu_ctx *c) {
   }
   s.nchunks = cpu_cdiv(nq, s.chunk);
   s.units = bh * s.nchunks;
-  s.nt = cpu_threads(pb, s.units);
+  s.nt = cpu_threads(pb, s.units, cpu_fwd_flops(pb));
   /* every K/V tile is read by group * nchunks units: convert and pack it once
    * for all of them when there are two or more and the packed copy stays
    * small (it is O(Hk N D), not O(N) like the rest of the forward's memory) */

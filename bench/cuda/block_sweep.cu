@@ -119,7 +119,9 @@ int main(int argc, char **argv) {
   }
   fa_problem pb;
   memset(&pb, 0, sizeof pb);
-  pb.params = &prm;
+  pb.device = FA_DEVICE_CUDA;
+  pb.algorithm = prm.algorithm;
+  pb.dropout = fa_dropout_make(0.f, 0, 0);
   pb.q = tq, pb.k = tk, pb.v = tv, pb.o = to, pb.lse = lse;
   pb.dtype = FA_DTYPE_F16;
   pb.batch = B, pb.heads_q = H, pb.heads_k = H, pb.group = 1, pb.headdim = D;

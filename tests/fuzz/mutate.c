@@ -358,7 +358,8 @@ static int m_null_args(fz_call *k) {
       k->pbytes = NULL;
       return CW;
     default:
-      k->pass_f = (fa_pass)(rint_(k->rng, 0, 1) ? -1 : 2 + rint_(k->rng, 0, 100));
+      /* past the last pass (FA_PASS_PROBS), or negative */
+      k->pass_f = (fa_pass)(rint_(k->rng, 0, 1) ? -1 : FA_PASS_PROBS + 1 + rint_(k->rng, 0, 100));
       k->pass_b = k->pass_f;
       return CW;
   }

@@ -189,9 +189,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             and cache_leftpad is None and is_torch):
         # attention alone: the forward operator, each batch entry's first cache_seqlens[b]
         # keys (seqused_k)
-        out, lse, _ = _ops.attention(q, k_cache, v_cache, None, None, lengths, alibi_slopes,
-                                     None, softmax_scale, causal, window_size, softcap, 0.0,
-                                     False, algorithm, None, False, block_table, num_splits)
+        try:
+            out, lse, _ = _ops.attention(q, k_cache, v_cache, None, None, lengths,
+                                         alibi_slopes, None, softmax_scale, causal, window_size,
+                                         softcap, 0.0, False, algorithm, None, False,
+                                         block_table, num_splits)
+        except FlashAttnError as e:  # the library names cache_seqlens by its role there
+            raise FlashAttnError(e.status, e.message.replace("params.seqused_k",
+                                                             "cache_seqlens"),
+                                 "flash_attn_with_kvcache") from None
         return (out, lse) if return_softmax_lse else out
     if lengths is None:  # the whole cache
         cap = k_cache.shape[1] * (1 if block_table is None else block_table.shape[-1])

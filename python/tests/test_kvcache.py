@@ -569,3 +569,12 @@ def test_eager_entry_matches_the_operator():
         pass
 
     assert _ops._fast_kvcache(*args(fast[0].as_subclass(Sub), fast[1])) is NotImplemented
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+def test_decode_step_error_names_cache_seqlens():
+    q = torch.randn(2, 1, 4, 16)
+    kc = torch.randn(2, 8, 2, 16)
+    lens = torch.tensor([3, 9], dtype=torch.int32)  # 9 > the cache's 8 rows
+    with pytest.raises(ValueError, match=r"cache_seqlens\[1\] = 9"):
+        flashattn.flash_attn_with_kvcache(q, kc, kc.clone(), cache_seqlens=lens)

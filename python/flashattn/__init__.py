@@ -198,6 +198,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise FlashAttnError(e.status, e.message.replace("params.seqused_k",
                                                              "cache_seqlens"),
                                  "flash_attn_with_kvcache") from None
+        except (ValueError, TypeError) as e:
+            if "seqused_k" not in str(e):
+                raise
+            raise type(e)(str(e).replace("seqused_k", "cache_seqlens")) from None
         return (out, lse) if return_softmax_lse else out
     if lengths is None:  # the whole cache
         cap = k_cache.shape[1] * (1 if block_table is None else block_table.shape[-1])

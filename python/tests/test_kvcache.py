@@ -87,9 +87,9 @@ def test_errors():
 @pytest.mark.skipif(torch is None, reason="needs torch")
 def test_torch_errors():
     q, kc, vc = (torch.from_numpy(x) for x in _cache(2, 1, 8, 2, 2, 16, [8, 8]))
-    with pytest.raises(ValueError, match="seqused_k"):
+    with pytest.raises(ValueError, match="cache_seqlens"):
         flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=torch.tensor([9, 1]))
-    with pytest.raises(ValueError, match="seqused_k must have shape"):
+    with pytest.raises(ValueError, match="cache_seqlens must have shape"):
         flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=torch.tensor([1, 2, 3]))
     with pytest.raises(TypeError, match="integer"):
         flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=torch.tensor([1.0, 2.0]))

@@ -666,11 +666,12 @@ static size_t qcopy_bytes(const fa_problem *pb) {
 
 /* A CPU workspace allocated for one call. A big one (the forward's packed
  * K/V: 32 MiB at H=16, N=4096, D=64, f32) comes as fresh pages (glibc maps
- * 32 MiB and more anew each time), and faulting them in and reading them 4
- * KiB at a time cost the D=64 causal f32 forward 4% on the Zen 4 host
- * (docs/PERF.md, CPU: a call's workspace). From 8 MiB on it is 2 MiB aligned
- * and asks for transparent huge pages (a 32 MiB one then takes 16 faults, not
- * 8192); a failed madvise leaves 4 KiB pages. */
+ * 32 MiB and more anew each time), and faulting them in 4 KiB at a time
+ * cost the D=64 causal f32 forward 4% on the Zen 4 host (docs/PERF.md, CPU:
+ * a call's workspace). From 8 MiB on it is 2 MiB aligned and asks for
+ * transparent huge pages (a 32 MiB one then takes 16 faults, not 8192); a
+ * failed madvise leaves 4 KiB pages. A caller's workspace, mapped once, saves
+ * the faults and the clearing of fresh pages both. */
 static void *host_workspace(size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   const size_t huge = (size_t)2 << 20;

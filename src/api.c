@@ -7,6 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "backend.h"
 #include "common/dtype.h"
@@ -661,6 +664,27 @@ static size_t qcopy_bytes(const fa_problem *pb) {
   return align_up((size_t)(q->batch * q->seqlen * q->heads * q->headdim) * fa_dtype_size(q->dtype));
 }
 
+/* A CPU workspace allocated for one call. A big one (the forward's packed
+ * K/V: 32 MiB at H=16, N=4096, D=64, f32) comes as fresh pages (glibc maps
+ * 32 MiB and more anew each time), and faulting them in 4 KiB at a time
+ * cost the D=64 causal f32 forward 4% on the Zen 4 host (docs/PERF.md, CPU:
+ * a call's workspace). From 8 MiB on it is 2 MiB aligned and asks for
+ * transparent huge pages (a 32 MiB one then takes 16 faults, not 8192); a
+ * failed madvise leaves 4 KiB pages. A caller's workspace, mapped once, saves
+ * the faults and the clearing of fresh pages both. */
+static void *host_workspace(size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  const size_t huge = (size_t)2 << 20;
+  if (bytes >= 4 * huge) {
+    const size_t n = (bytes + huge - 1) / huge * huge;
+    void *m = aligned_alloc(huge, n);
+    if (m) madvise(m, n, MADV_HUGEPAGE);
+    return m;
+  }
+#endif
+  return aligned_alloc(64, align_up(bytes));
+}
+
 /* Runs the backend with the caller's workspace or one allocated for the call;
  * extra: the bytes of the lse scratch (lse_extra of them) and q's rotated copy
  * after the backend's. */
@@ -678,7 +702,7 @@ static fa_status run_backend(fa_pass pass, const fa_params *p, fa_problem *pb, s
     pb->workspace = p->workspace;
   } else if (need > 0) {
     if (p->device == FA_DEVICE_CPU) {
-      mem = aligned_alloc(64, align_up(need));
+      mem = host_workspace(need);
       if (!mem)
         return fa_set_error(FA_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of workspace", need);
     } else {

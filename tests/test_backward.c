@@ -333,6 +333,16 @@ static void reg_determinism(void) {
   c.dtype = FA_DTYPE_F32;
   attn_register_fn("threads", threads_fn, &c, 0);
   attn_register_fn("workspace", workspace_fn, &c, 0);
+  /* a library workspace of 8 MiB and more: 2 MiB aligned, huge pages
+   * asked for (the forward's packed K/V: 16 heads x 1024 keys x 128 floats) */
+  c = acfg_default();
+  c.backward = 1;
+  c.dtype = FA_DTYPE_F32;
+  c.hq = c.hk = 16;
+  c.nq = c.nk = 1024;
+  c.d = 64;
+  c.causal = 1;
+  attn_register_fn("workspace", workspace_fn, &c, 1);
 }
 
 /* A varlen sequence whose Q, K, V and dO are all NaN leaves the other

@@ -141,10 +141,17 @@ def plot_fig3(rows, out, plt):
             log_ticks(ax[i], ns)
             ax[i].legend()
         for impl in ("standard", "flash1", "flash2"):
-            pts = [(r["Nq"], r["extra_bytes"] / 2 ** 20) for r in rows
-                   if r["impl"] == impl and r["pass"] == "fwdbwd" and r.get("extra_bytes")]
+            mine = [r for r in rows if r["impl"] == impl and r["pass"] == "fwdbwd"
+                    and r.get("extra_bytes")]
+            pts = [(r["Nq"], r["extra_bytes"] / 2 ** 20) for r in mine if r["status"] == "ok"]
             if pts:
-                ax[3].plot(*zip(*pts), marker="o", label=impl)
+                line, = ax[3].plot(*zip(*pts), marker="o", label=impl)
+                # what a case that ran out of memory would have needed, marked apart
+                need = [(r["Nq"], r["extra_bytes"] / 2 ** 20) for r in mine
+                        if r["status"] != "ok"]
+                if need:
+                    ax[3].plot(*zip(*need), marker="x", linestyle="none", color=line.get_color(),
+                               label="%s: needed, out of memory" % impl)
         ax[3].set(xscale="log", yscale="log", xlabel="sequence length",
                   ylabel="extra MiB (fwd+bwd)", title="memory")
         log_ticks(ax[3], ns)

@@ -17,17 +17,7 @@
 #include <unistd.h>
 
 #include "flashattn.h"
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
+#include "probe.h"
 
 static fa_tensor tensor(int64_t h, int64_t n, int64_t d) {
   fa_tensor t = {

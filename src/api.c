@@ -586,11 +586,9 @@ static fa_status make_problem(fa_pass pass, const fa_params *p, const fa_tensor 
   }
   /* Backends size their buffers by batch x longest sequence x heads x head
    * dim (padded); bounding those products keeps every size in 64 bits. */
-  const double most = (double)((int64_t)1 << 48);
-  if ((double)pb->batch * (double)pb->max_seqlen_q * (double)pb->heads_q * (double)q->headdim >
-          most ||
-      (double)pb->batch * (double)pb->max_seqlen_k * (double)pb->heads_q * (double)q->headdim >
-          most)
+  const int64_t longest = pb->max_seqlen_q > pb->max_seqlen_k ? pb->max_seqlen_q : pb->max_seqlen_k;
+  if ((double)pb->batch * (double)longest * (double)pb->heads_q * (double)q->headdim >
+      (double)((int64_t)1 << 48))
     return FA_INVALID(
         "the problem is too large: batch x longest sequence x query heads x "
         "headdim exceeds 2^48 elements");

@@ -14,6 +14,8 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/python_headers.h>
 
+#include <tuple>
+
 #include "torch_ops.h"
 
 namespace {
@@ -88,14 +90,21 @@ struct ReleaseGil {
   ~ReleaseGil() { PyEval_RestoreThread(state); }
 };
 
-PyObject *wrap3(Tensors3 &&r) {
-  PyObject *t = PyTuple_New(3);
+// An operator's tensors as a Python tuple.
+template <typename... Ts>
+PyObject *wrap(std::tuple<Ts...> &&r) {
+  constexpr Py_ssize_t n = sizeof...(Ts);
+  PyObject *t = PyTuple_New(n);
   if (!t) return nullptr;
-  PyObject *items[3] = {THPVariable_Wrap(std::move(std::get<0>(r))),
-                        THPVariable_Wrap(std::move(std::get<1>(r))),
-                        THPVariable_Wrap(std::move(std::get<2>(r)))};
-  for (int i = 0; i < 3; i++) PyTuple_SET_ITEM(t, i, items[i]);  // steals; NULL on failure
-  if (!items[0] || !items[1] || !items[2]) {
+  PyObject *items[n];
+  Py_ssize_t i = 0;
+  std::apply([&](auto &...x) { ((items[i++] = THPVariable_Wrap(std::move(x))), ...); }, r);
+  bool ok = true;
+  for (i = 0; i < n; i++) {
+    PyTuple_SET_ITEM(t, i, items[i]);  // steals; NULL on failure
+    ok = ok && items[i];
+  }
+  if (!ok) {
     Py_DECREF(t);
     return nullptr;
   }
@@ -138,7 +147,7 @@ PyObject *fwd(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
                       o.block_size_q, o.block_size_k, o.bhnd, o.shard_q, o.shard_k, o.block_table,
                       o.num_splits);
   }
-  return wrap3(std::move(r));
+  return wrap(std::move(r));
   END_HANDLE_TH_ERRORS
 }
 
@@ -159,7 +168,7 @@ PyObject *bwd(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
                       o.deterministic, o.algorithm, o.block_size_q, o.block_size_k, o.bhnd,
                       o.shard_q, o.shard_k, o.block_table, o.num_splits);
   }
-  return wrap3(std::move(r));
+  return wrap(std::move(r));
   END_HANDLE_TH_ERRORS
 }
 
@@ -191,16 +200,7 @@ PyObject *kvcache(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
                           opt[5], opt[6], opt[7], scale, causal, left, right, softcap, interleaved,
                           splits, algorithm);
   }
-  PyObject *tup = PyTuple_New(2);
-  if (!tup) return nullptr;
-  PyObject *items[2] = {THPVariable_Wrap(std::move(std::get<0>(r))),
-                        THPVariable_Wrap(std::move(std::get<1>(r)))};
-  for (int i = 0; i < 2; i++) PyTuple_SET_ITEM(tup, i, items[i]);  // steals; NULL on failure
-  if (!items[0] || !items[1]) {
-    Py_DECREF(tup);
-    return nullptr;
-  }
-  return tup;
+  return wrap(std::move(r));
   END_HANDLE_TH_ERRORS
 }
 

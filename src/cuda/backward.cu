@@ -79,7 +79,7 @@ fa_status flash_backward(const fa_problem *pb) {
   a.lse2 = (float *)(ws + rows_bytes(pb));
   a.dq_acc = (float *)(ws + acc0);
   a.kv_done = (int *)(ws + done0);
-  a.deterministic = pb->deterministic != 0;
+  a.deterministic = pb->deterministic;
   a.det_wave = 0;
   a.dq_sem = a.deterministic ? (int *)(ws + sem0) : NULL;
   a.kv_ticket =

@@ -68,7 +68,7 @@ inline void fill_common_args(AttnArgs &a, const fa_problem *pb) {
   a.window_left = pb->window_left;
   a.window_right = pb->window_right;
   /* api.c bounds a shard's positions and lengths by 2^31 - 1 */
-  a.shard = pb->shard_enabled != 0;
+  a.shard = pb->shard_enabled;
   a.diag_shift = a.shard ? (int)(pb->q_pos - pb->k_pos - (pb->k.seqlen - pb->q.seqlen)) : 0;
   a.drop = pb->dropout;
   if (!(pb->dropout_p > 0)) a.drop.keep_scale = 0.f;

@@ -683,19 +683,36 @@ static void *host_workspace(size_t bytes) {
   return aligned_alloc(64, align_up(bytes));
 }
 
+/* What fa_workspace_size (fa_kvcache_workspace_size) reports for the call's
+ * arguments: it does not see the outputs, and assumes them laid out so that
+ * the backend needs no copy of them. */
+static size_t reported_bytes(fa_pass pass, const fa_problem *pb) {
+  fa_problem w = *pb;
+  memset(&w.o, 0, sizeof w.o);
+  memset(&w.dout, 0, sizeof w.dout);
+  memset(&w.dq, 0, sizeof w.dq);
+  memset(&w.dk, 0, sizeof w.dk);
+  memset(&w.dv, 0, sizeof w.dv);
+  return align_up(backend_workspace(pass, &w)) + (pass == FA_PASS_FORWARD ? lse_bytes(&w) : 0) +
+         qcopy_bytes(&w);
+}
+
 /* Runs the backend with the caller's workspace or one allocated for the call;
  * extra: the bytes of the lse scratch (lse_extra of them) and q's rotated copy
- * after the backend's. */
+ * after the backend's. A caller's workspace holds at least what
+ * fa_workspace_size reported (the documented contract, also where these
+ * outputs' layout lets the call use less) and what the call uses. */
 static fa_status run_backend(fa_pass pass, const fa_params *p, fa_problem *pb, size_t lse_extra) {
   const size_t qc = qcopy_bytes(pb), extra = lse_extra + qc;
   size_t need = align_up(backend_workspace(pass, pb)) + extra;
   void *mem = NULL;
   if (p->workspace) {
-    if (p->workspace_bytes < need)
+    const size_t reported = reported_bytes(pass, pb), least = need > reported ? need : reported;
+    if (p->workspace_bytes < least)
       return FA_INVALID(
           "params.workspace_bytes %zu is smaller than the %zu bytes needed "
           "(see fa_workspace_size)",
-          p->workspace_bytes, need);
+          p->workspace_bytes, least);
     if ((uintptr_t)p->workspace % 64) return FA_INVALID("params.workspace must be 64-byte aligned");
     pb->workspace = p->workspace;
   } else if (need > 0) {

@@ -117,7 +117,16 @@ static void compare(fz_ctx *x, fz_stats *st, const fz_case *c, const char *what,
   const double tol = 2 * en.rel_fro + fl;
   if (ei.nan_count)
     fz_fail(x, "%s: %lld NaN/inf elements among those written", what, (long long)ei.nan_count);
-  else if (!(ei.rel_fro <= tol))
+  if (ei.nan_count && x->verbose) { /* where: the first few (row = b * N + n) */
+    int shown = 0;
+    for (size_t r = 0; r < nrows && shown < 8; r++)
+      for (int64_t e = 0; rows[r] && e < HD && shown < 8; e++)
+        if (!isfinite(im->vals[t][r * (size_t)HD + (size_t)e]))
+          printf("  %s row %zu head %lld col %lld: %g (oracle %g)\n", what, r,
+                 (long long)(e / c->D), (long long)(e % c->D),
+                 im->vals[t][r * (size_t)HD + (size_t)e], orc->vals[t][r * (size_t)HD + (size_t)e]),
+              shown++;
+  } else if (!(ei.rel_fro <= tol))
     fz_fail(x, "%s: rel err %.3g > tol %.3g (= 2 x naive %.3g + floor %.3g; max abs err %.3g)",
             what, ei.rel_fro, tol, en.rel_fro, fl, ei.max_abs);
   /* The yardstick's sanity cap (20x the suite's) is a property of the population:

@@ -112,7 +112,6 @@ static int run_invalid(const fz_opts *o, const fz_dev *dev, uint64_t seed, fz_ta
     printf("invalid %#llx: %s\n", (unsigned long long)seed, desc);
   }
   m = fz_check_invalid(&c, m, dev, &x);
-  if (o->verbose) printf("  mutation: %s\n", fz_mutation_name(m));
   t->invalid++;
   t->mutation_counts[m % 64]++;
   if (x.failures) {

@@ -724,6 +724,52 @@ static const char *nm(const char *fmt, const char *a, int d, fa_dtype dt) {
   return s;
 }
 
+/* Cases the randomized driver (tests/fuzz) found, and their neighbours: varlen
+ * batches with ALiBi on the EXT kernels (dropout, block masks) at small head dims. */
+static void fuzz_found_cases(void) {
+  const fa_dtype dt = FA_DTYPE_F16;
+  static const int lq1[3] = {7, 31, 24}, lk1[3] = {200, 0, 73}, lk1b[3] = {200, 5, 73};
+  static const struct {
+    const char *name;
+    int D, alibi, bq;
+    float dropout;
+    const int *lk;
+  } v1[] = {
+      {"fuzz-found varlen alibi dropout D=12 (an empty key sequence)", 12, 1, 0, 0.1f, lk1},
+      {"fuzz-found varlen alibi D=12", 12, 1, 0, 0.f, lk1},
+      {"fuzz-found varlen dropout D=12", 12, 0, 0, 0.1f, lk1},
+      {"fuzz-found varlen alibi dropout D=12 no empty sequence", 12, 1, 0, 0.1f, lk1b},
+      {"fuzz-found varlen alibi dropout D=64", 64, 1, 0, 0.1f, lk1},
+      {"fuzz-found varlen alibi block mask 16x16 D=12", 12, 1, 16, 0.f, lk1},
+  };
+  for (size_t i = 0; i < sizeof v1 / sizeof v1[0]; i++) {
+    tcase c = base(v1[i].name, dt, v1[i].D, 1, 3, 0, 0);
+    c.nseq = 3, c.alibi = v1[i].alibi, c.dropout = v1[i].dropout;
+    if (v1[i].bq) c.bq = c.bk = v1[i].bq, c.bdens = 100;
+    seq_lens(&c, lq1, v1[i].lk);
+    run_case(&c);
+  }
+  static const int lq2[2] = {33, 2}, lk2[2] = {11, 50};
+  static const struct {
+    const char *name;
+    int D, alibi, bq, window;
+  } v2[] = {
+      {"fuzz-found varlen GQA 3:1 window alibi block mask 3x1 D=9", 9, 1, 3, 1},
+      {"fuzz-found varlen GQA 3:1 window alibi D=9", 9, 1, 0, 1},
+      {"fuzz-found varlen GQA 3:1 window block mask 3x1 D=9", 9, 0, 3, 1},
+      {"fuzz-found varlen GQA 3:1 alibi block mask 3x1 D=9", 9, 1, 3, 0},
+      {"fuzz-found varlen GQA 3:1 window alibi block mask 3x1 D=64", 64, 1, 3, 1},
+  };
+  for (size_t i = 0; i < sizeof v2 / sizeof v2[0]; i++) {
+    tcase c = base(v2[i].name, dt, v2[i].D, 1, 3, 0, 0);
+    c.Hk = 1, c.nseq = 2, c.alibi = v2[i].alibi;
+    if (v2[i].window) c.window = 1, c.wl = 248, c.wr = 81;
+    if (v2[i].bq) c.bq = v2[i].bq, c.bk = 1, c.bdens = 100;
+    seq_lens(&c, lq2, lk2);
+    run_case(&c);
+  }
+}
+
 /* Dropout and block-sparse cases (docs/DROPOUT.md) for head dim D. */
 static void ext_cases(fa_dtype dt, int D, int many) {
   tcase c = base(nm("%s D=%d %s", "dropout 0.17 causal GQA 4:2 300", D, dt), dt, D, 2, 4, 300, 300);
@@ -879,6 +925,7 @@ static void check_dropout_bits(fa_dtype dt, int B, int Hq, int Hk, int N, int de
 }
 
 static void full_suite(void) {
+  fuzz_found_cases();
   const int dims[7] = {32, 64, 96, 128, 192, 256, 72};
   for (int di = 0; di < 2; di++) {
     fa_dtype dt = di ? FA_DTYPE_BF16 : FA_DTYPE_F16;

@@ -203,6 +203,16 @@ typedef struct fa_params {
    * per key tile). Any value gives the same result up to rounding. The CPU
    * ignores it (its results do not depend on how its work is split). */
   int num_splits;
+
+  /* CUDA: streaming multiprocessors the call leaves to other work on the
+   * device (flash-attn 3's sm_margin). The Hopper kernels keep one CTA per SM
+   * for the whole call, so a kernel queued beside them on another stream (a
+   * collective's, say: ring attention's K/V transfers) would otherwise wait
+   * for the call to end; with a margin it runs beside it, on those SMs. The
+   * call then launches that many fewer CTAs (at least one), which costs about
+   * sm_margin / SMs of its speed. 0 takes every SM. In [0, 1024]; the CPU and
+   * the other CUDA kernels ignore it. */
+  int sm_margin;
 } fa_params;
 
 typedef enum fa_pass {
@@ -377,7 +387,9 @@ typedef struct fa_ring {
 /* This rank's forward: o and lse (laid out as fa_forward's) of its rows.
  * params as for fa_forward (shard_enabled, cu_seqlens, seqused_k and
  * block_mask not taken; dropout needs n/2 (zigzag) or n (contiguous) a
- * multiple of 4). */
+ * multiple of 4). params.sm_margin applies to the blocks computed while a
+ * transfer is in flight, the others take every SM: on Hopper GPUs, give the
+ * transport's kernels room (docs/API.md). */
 fa_status fa_ring_forward(const fa_params *params, const fa_ring *ring, const fa_tensor *q,
                           const fa_tensor *k, const fa_tensor *v, fa_tensor *o, float *lse);
 

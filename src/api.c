@@ -296,6 +296,8 @@ static fa_status check_params(const fa_params *p, const fa_tensor *q, const fa_t
   FA_TRY(check_paged(p, k));
   if (p->num_splits < 0 || p->num_splits > 128)
     return FA_INVALID("params.num_splits must be in [0, 128] (got %d)", p->num_splits);
+  if (p->sm_margin < 0 || p->sm_margin > 1024)
+    return FA_INVALID("params.sm_margin must be in [0, 1024] (got %d)", p->sm_margin);
   if (p->algorithm != FA_ALGO_FLASH2 && p->algorithm != FA_ALGO_FLASH1 &&
       p->algorithm != FA_ALGO_STANDARD)
     return FA_INVALID("params.algorithm: unknown algorithm %d", (int)p->algorithm);
@@ -527,6 +529,7 @@ static fa_status make_problem(fa_pass pass, const fa_params *p, const fa_tensor 
   pb->shard_enabled = p->shard_enabled != 0;
   pb->deterministic = p->deterministic != 0;
   pb->num_splits = p->num_splits;
+  pb->sm_margin = p->sm_margin;
   pb->q = *q;
   pb->k = *k;
   pb->v = *v;

@@ -274,6 +274,7 @@ static fa_status ring_fwd(ring_call *c, char *ws, const fa_tensor *q, const fa_t
   for (int t = 0; t < W; t++) {
     const int src = (me - t + W) % W;
     if (t + 1 < W) FA_TRY(xchg(c, KB[buf].data, me + 1, KB[1 - buf].data, me - 1, c->kv_bytes));
+    c->inner.sm_margin = t + 1 < W ? c->p->sm_margin : 0; /* beside a transfer */
     const int nt = ring_chunks(r, c->n, src, theirs);
     for (int a = 0; a < nm; a++)
       for (int b = 0; b < nt; b++) {
@@ -357,6 +358,7 @@ static fa_status ring_bwd(ring_call *c, char *ws, const fa_tensor *q, const fa_t
     }
     FA_TRY(r_add(c, &SK[s], NULL, 0, 0.0f));
     FA_TRY(r_add(c, &SV[s], NULL, 0, 0.0f));
+    c->inner.sm_margin = pending ? c->p->sm_margin : 0; /* beside a transfer */
     const int nt = ring_chunks(r, c->n, blk, theirs);
     for (int a = 0; a < nm; a++) {
       const int64_t qr = mine[a].row, qn = mine[a].n;

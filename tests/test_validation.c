@@ -328,6 +328,8 @@ MUT(dv_is_v, s->dv.data = s->v.data)
 MUT(dq_is_o, s->dq.data = s->oin.data)
 MUT(dk_is_lse, s->dk.data = s->lsein)
 MUT(softcap_negative, s->p.softcap = -1.0f)
+MUT(sm_margin_negative, s->p.sm_margin = -1)
+MUT(sm_margin_too_large, s->p.sm_margin = 1025)
 MUT(softcap_nan, s->p.softcap = NAN)
 MUT(softcap_inf, s->p.softcap = INFINITY)
 MUT(scale_nan, s->p.softmax_scale = NAN)
@@ -502,6 +504,8 @@ static const vcase k_cases[] = {
     {"overlap-dq-is-o", mut_dq_is_o, CB, FA_ERR_INVALID_ARGUMENT, 0, "overlap|alias"},
     {"overlap-dk-is-lse", mut_dk_is_lse, CB, FA_ERR_INVALID_ARGUMENT, 0, "overlap|alias"},
     {"softcap-negative", mut_softcap_negative, CALL, FA_ERR_INVALID_ARGUMENT, 0, "softcap"},
+    {"sm-margin-negative", mut_sm_margin_negative, CALL, FA_ERR_INVALID_ARGUMENT, 0, "sm_margin"},
+    {"sm-margin-too-large", mut_sm_margin_too_large, CALL, FA_ERR_INVALID_ARGUMENT, 0, "sm_margin"},
     {"softcap-nan", mut_softcap_nan, CALL, FA_ERR_INVALID_ARGUMENT, 0, "softcap"},
     {"softcap-inf", mut_softcap_inf, CALL, FA_ERR_INVALID_ARGUMENT, 0, "softcap"},
     {"scale-nan", mut_scale_nan, CALL, FA_ERR_INVALID_ARGUMENT, 0, "scale"},

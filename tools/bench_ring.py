@@ -9,7 +9,8 @@ reference of the whole sequence (dropout: the library's own mask, fa_dropout_mas
 twice the error of single-GPU flashattn plus a floor. Exits 1 on a failure.
 
 Timing (B=1, H=16, D=128, bf16, causal, forward + backward, median of synchronised
-iterations, the slowest rank's time): ours on all GPUs (zig-zag), ours with the
+iterations, the slowest rank's time): ours on all GPUs (zig-zag; also with each
+--sm-margins value, the SMs our kernels leave to NCCL's while a transfer runs), ours with the
 transfers skipped (compute alone) and the transfers alone (the same exchanges with no
 attention), ours on one GPU (the whole sequence, rank 0), and the anchor: PyTorch's
 torch.distributed.tensor.experimental.context_parallel around SDPA with the cuDNN and
@@ -113,8 +114,9 @@ def check(args):
             a.scale, a.softcap, a.dropout_p, a.alibi = opts.softmax_scale, 0.0, p, None
             a.window = (opts.window_enabled, opts.window_left, opts.window_right)
             a.seed, a.offset, a.deterministic, a.threads = seed or 0, 0, False, 0
-            so, sl = fd._attn_fwd(q, k, v, a, kw.get("causal", False), None)
-            sg = fd._attn_bwd(do, q, k, v, so, sl, a, kw.get("causal", False), None)
+            so, sl = fd._attn_fwd(q, k, v, a, kw.get("causal", False), None, None, False)
+            sg = fd._attn_bwd(do, q, k, v, so, sl, a, kw.get("causal", False), None, None,
+                              False)
             # float64 reference, dropout through the library's mask
             keep = None
             if p:
@@ -179,8 +181,10 @@ def bench(args, n, results):
     ql, kl, vl, dol = (mk(nl) for _ in range(4))
     ql.requires_grad_(), kl.requires_grad_(), vl.requires_grad_()
 
+    margin = None
+
     def ours():
-        out = fd.ring_flash_attn_func(ql, kl, vl, causal=True)
+        out = fd.ring_flash_attn_func(ql, kl, vl, causal=True, sm_margin=margin)
         out.backward(dol)
 
     torch.cuda.synchronize()
@@ -198,6 +202,13 @@ def bench(args, n, results):
     row["extra_mib"] = (torch.cuda.max_memory_allocated() - base - io) / 2 ** 20
     row["qkv_shard_mib"] = ql.numel() * ql.element_size() / 2 ** 20
     ql.grad = kl.grad = vl.grad = None
+
+    # the SMs left to the transfers' kernels (fd.SM_MARGIN above)
+    row["sm_margin"] = fd.SM_MARGIN
+    row["by_sm_margin"] = {}
+    for margin in args.sm_margins:
+        row["by_sm_margin"][margin], _ = timed(ours, iters, 1)
+    margin = None
 
     fd.COMMUNICATE = False
     row["compute_ms"], _ = timed(ours, iters, 1)
@@ -297,6 +308,8 @@ def main():
     ap.add_argument("--headdim", type=int, default=128)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--skip-one-gpu", action="store_true")
+    ap.add_argument("--sm-margins", type=int, nargs="*", default=[0, 2, 4, 16],
+                    help="also time ours with these sm_margin values")
     ap.add_argument("--json", default=None)
     ap.add_argument("--cpu", action="store_true", help="--check on CPU processes (gloo)")
     args = ap.parse_args()
@@ -333,6 +346,12 @@ def main():
                 "-" if r.get("scaling") is None else "%.2f" % r["scaling"],
                 f(r["compute_ms"]), f(r["comm_ms"]), f(r["exposed_comm_ms"]),
                 r["hidden_frac"], r["extra_mib"]))
+        if args.sm_margins:
+            print("\nours (ms) by sm_margin (the default, %d, in the table above):"
+                  % fd.SM_MARGIN)
+            for r in results:
+                print("N=%d: %s" % (r["seqlen"], ", ".join(
+                    "%d: %.1f" % (m, t) for m, t in sorted(r["by_sm_margin"].items()))))
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump(results, fh, indent=1)

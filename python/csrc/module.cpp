@@ -113,7 +113,8 @@ PyObject *wrap(std::tuple<Ts...> &&r) {
 
 // args: cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask, softmax_scale,
 // causal, window_left, window_right, softcap, dropout_p, rng_state, deterministic,
-// algorithm, block_size_q, block_size_k, bhnd, shard_q, shard_k, block_table, num_splits
+// algorithm, block_size_q, block_size_k, bhnd, shard_q, shard_k, block_table, num_splits,
+// sm_margin
 bool options_arg(PyObject *const *a, Options *o) {
   return optional_tensor_arg(a[0], &o->cu_seqlens_q) &&
          optional_tensor_arg(a[1], &o->cu_seqlens_k) && optional_tensor_arg(a[2], &o->seqused_k) &&
@@ -125,10 +126,11 @@ bool options_arg(PyObject *const *a, Options *o) {
          int_arg(a[13], &o->algorithm) && int_arg(a[14], &o->block_size_q) &&
          int_arg(a[15], &o->block_size_k) && bool_arg(a[16], &o->bhnd) &&
          int_arg(a[17], &o->shard_q) && int_arg(a[18], &o->shard_k) &&
-         optional_tensor_arg(a[19], &o->block_table) && int_arg(a[20], &o->num_splits);
+         optional_tensor_arg(a[19], &o->block_table) && int_arg(a[20], &o->num_splits) &&
+         int_arg(a[21], &o->sm_margin);
 }
 
-constexpr Py_ssize_t kOptions = 21;
+constexpr Py_ssize_t kOptions = 22;
 
 PyObject *fwd(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
@@ -145,7 +147,7 @@ PyObject *fwd(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
                       o.block_mask, o.softmax_scale, o.causal, o.window_left, o.window_right,
                       o.softcap, o.dropout_p, o.rng_state, o.deterministic, o.algorithm,
                       o.block_size_q, o.block_size_k, o.bhnd, o.shard_q, o.shard_k, o.block_table,
-                      o.num_splits);
+                      o.num_splits, o.sm_margin);
   }
   return wrap(std::move(r));
   END_HANDLE_TH_ERRORS
@@ -166,7 +168,7 @@ PyObject *bwd(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
                       o.seqused_k, o.alibi_slopes, o.block_mask, o.softmax_scale, o.causal,
                       o.window_left, o.window_right, o.softcap, o.dropout_p, o.rng_state,
                       o.deterministic, o.algorithm, o.block_size_q, o.block_size_k, o.bhnd,
-                      o.shard_q, o.shard_k, o.block_table, o.num_splits);
+                      o.shard_q, o.shard_k, o.block_table, o.num_splits, o.sm_margin);
   }
   return wrap(std::move(r));
   END_HANDLE_TH_ERRORS

@@ -359,6 +359,9 @@ Resolved resolve(const Tensor &q, const Tensor &k, const Tensor &v, const Option
   FA_VALUE_CHECK(o.num_splits >= 0 && o.num_splits <= 128,
                  "num_splits must be in [0, 128] (0: chosen by the library), got ", o.num_splits);
   p.num_splits = static_cast<int>(o.num_splits);
+  FA_VALUE_CHECK(o.sm_margin >= 0 && o.sm_margin <= 1024, "sm_margin must be in [0, 1024], got ",
+                 o.sm_margin);
+  p.sm_margin = static_cast<int>(o.sm_margin);
   if (o.rng_state.has_value() && o.dropout_p > 0) {
     const Tensor &s = *o.rng_state;
     FA_VALUE_CHECK(s.is_cpu() && s.scalar_type() == at::kLong && s.numel() == 2,
@@ -451,13 +454,14 @@ Tensors3 fwd_kernel(const Tensor &q, const Tensor &k, const Tensor &v,
                     int64_t window_left, int64_t window_right, double softcap, double dropout_p,
                     const optional<Tensor> &rng_state, bool deterministic, int64_t algorithm,
                     int64_t block_size_q, int64_t block_size_k, bool bhnd, int64_t shard_q,
-                    int64_t shard_k, const optional<Tensor> &block_table, int64_t num_splits) {
+                    int64_t shard_k, const optional<Tensor> &block_table, int64_t num_splits,
+                    int64_t sm_margin) {
   Resolved r = resolve(
       q, k, v,
       Options{cu_seqlens_q,  cu_seqlens_k, seqused_k,    alibi_slopes, block_mask, softmax_scale,
               causal,        window_left,  window_right, softcap,      dropout_p,  rng_state,
               deterministic, algorithm,    block_size_q, block_size_k, bhnd,       shard_q,
-              shard_k,       block_table,  num_splits});
+              shard_k,       block_table,  num_splits,   sm_margin});
   DeviceScope scope(q, r.p);
   // SDPA's layout: out in (batch, seqlen, heads, headdim) memory order, so that the
   // caller's out.transpose(1, 2) is contiguous (as torch's CUDA flash SDPA returns it)
@@ -495,7 +499,8 @@ Tensors3 bwd_kernel(const Tensor &dout, const Tensor &q, const Tensor &k, const 
                     int64_t window_right, double softcap, double dropout_p,
                     const optional<Tensor> &rng_state, bool deterministic, int64_t algorithm,
                     int64_t block_size_q, int64_t block_size_k, bool bhnd, int64_t shard_q,
-                    int64_t shard_k, const optional<Tensor> &block_table, int64_t num_splits) {
+                    int64_t shard_k, const optional<Tensor> &block_table, int64_t num_splits,
+                    int64_t sm_margin) {
   FA_VALUE_CHECK(dropout_p == 0 || rng_state.has_value(),
                  "the backward of dropout needs the forward's rng_state");
   // the library's refusal, also for the empty problems that never reach it
@@ -508,7 +513,7 @@ Tensors3 bwd_kernel(const Tensor &dout, const Tensor &q, const Tensor &k, const 
       Options{cu_seqlens_q,  cu_seqlens_k, seqused_k,    alibi_slopes, block_mask, softmax_scale,
               causal,        window_left,  window_right, softcap,      dropout_p,  rng_state,
               deterministic, algorithm,    block_size_q, block_size_k, bhnd,       shard_q,
-              shard_k,       block_table,  num_splits});
+              shard_k,       block_table,  num_splits,   sm_margin});
   check_like(out, "out", q, "q");
   // dout of a sum() is an expanded scalar (every stride 0): copied once here
   const Tensor g =
@@ -673,7 +678,7 @@ struct AttentionBackward final : public torch::autograd::Node {
   optional<double> softmax_scale;
   bool causal = false, deterministic = false, bhnd = false;
   int64_t window_left = -1, window_right = -1, algorithm = 0, block_size_q = 0, block_size_k = 0;
-  int64_t shard_q = -1, shard_k = -1, num_splits = 0;
+  int64_t shard_q = -1, shard_k = -1, num_splits = 0, sm_margin = 0;
   double softcap = 0, dropout_p = 0;
 
   std::string name() const override { return "FlashAttnBackward"; }
@@ -704,6 +709,7 @@ struct AttentionBackward final : public torch::autograd::Node {
     args.collect(shard_q);
     args.collect(shard_k);
     args.collect(num_splits);
+    args.collect(sm_margin);
     args.collect(softcap);
     args.collect(dropout_p);
   }
@@ -739,7 +745,7 @@ struct AttentionBackward final : public torch::autograd::Node {
         or_none(alibi_slopes.unpack()), or_none(block_mask.unpack()), softmax_scale, causal,
         window_left, window_right, softcap, dropout_p, or_none(rng.unpack()), deterministic,
         algorithm, block_size_q, block_size_k, bhnd, shard_q, shard_k,
-        or_none(block_table.unpack()), num_splits);
+        or_none(block_table.unpack()), num_splits, sm_margin);
     return variable_list{dq, dk, dv};
   }
 };
@@ -764,7 +770,7 @@ Tensors3 fwd_autograd(const Tensor &q, const Tensor &k, const Tensor &v,
                       double dropout_p, const optional<Tensor> &rng_state, bool deterministic,
                       int64_t algorithm, int64_t block_size_q, int64_t block_size_k, bool bhnd,
                       int64_t shard_q, int64_t shard_k, const optional<Tensor> &block_table,
-                      int64_t num_splits) {
+                      int64_t num_splits, int64_t sm_margin) {
   TORCH_CHECK_NOT_IMPLEMENTED(
       !q._fw_grad(0).defined() && !k._fw_grad(0).defined() && !v._fw_grad(0).defined(),
       "flashattn: forward-mode AD (dual tensors) is not supported by flashattn::fwd");
@@ -779,7 +785,7 @@ Tensors3 fwd_autograd(const Tensor &q, const Tensor &k, const Tensor &v,
     r = fwd_op().call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask,
                       softmax_scale, causal, window_left, window_right, softcap, dropout_p,
                       rng_state, deterministic, algorithm, block_size_q, block_size_k, bhnd,
-                      shard_q, shard_k, block_table, num_splits);
+                      shard_q, shard_k, block_table, num_splits, sm_margin);
   }
   if (node) {
     Tensor &out = std::get<0>(r);
@@ -810,6 +816,7 @@ Tensors3 fwd_autograd(const Tensor &q, const Tensor &k, const Tensor &v,
     node->shard_k = shard_k;
     node->block_table = SavedVariable(or_undefined(block_table), false);
     node->num_splits = num_splits;
+    node->sm_margin = sm_margin;
   }
   return r;
 }
@@ -825,8 +832,8 @@ TORCH_LIBRARY(flashattn, m) {
       "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, "
       "float softcap=0.0, float dropout_p=0.0, Tensor? rng_state=None, bool deterministic=False, "
       "int algorithm=0, int block_size_q=0, int block_size_k=0, bool bhnd=False, "
-      "int shard_q=-1, int shard_k=-1, Tensor? block_table=None, int num_splits=0) "
-      "-> (Tensor out, Tensor lse, Tensor rng_state)",
+      "int shard_q=-1, int shard_k=-1, Tensor? block_table=None, int num_splits=0, "
+      "int sm_margin=0) -> (Tensor out, Tensor lse, Tensor rng_state)",
       {at::Tag::pt2_compliant_tag});
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
@@ -835,7 +842,8 @@ TORCH_LIBRARY(flashattn, m) {
       "bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
       "float dropout_p=0.0, Tensor? rng_state=None, bool deterministic=False, int algorithm=0, "
       "int block_size_q=0, int block_size_k=0, bool bhnd=False, int shard_q=-1, int shard_k=-1, "
-      "Tensor? block_table=None, int num_splits=0) -> (Tensor dq, Tensor dk, Tensor dv)",
+      "Tensor? block_table=None, int num_splits=0, int sm_margin=0) "
+      "-> (Tensor dq, Tensor dk, Tensor dv)",
       {at::Tag::pt2_compliant_tag});
   // k_cache and v_cache are written (the new rows, when k and v are given): mutable
   // arguments, so that functionalization and torch.compile order the writes

@@ -23,7 +23,7 @@ using FwdSignature = Tensors3(
     optional<double> softmax_scale, bool causal, int64_t window_left, int64_t window_right,
     double softcap, double dropout_p, const optional<Tensor> &rng_state, bool deterministic,
     int64_t algorithm, int64_t block_size_q, int64_t block_size_k, bool bhnd, int64_t shard_q,
-    int64_t shard_k, const optional<Tensor> &block_table, int64_t num_splits);
+    int64_t shard_k, const optional<Tensor> &block_table, int64_t num_splits, int64_t sm_margin);
 
 using BwdSignature = Tensors3(
     const Tensor &dout, const Tensor &q, const Tensor &k, const Tensor &v, const Tensor &out,
@@ -33,7 +33,7 @@ using BwdSignature = Tensors3(
     int64_t window_left, int64_t window_right, double softcap, double dropout_p,
     const optional<Tensor> &rng_state, bool deterministic, int64_t algorithm, int64_t block_size_q,
     int64_t block_size_k, bool bhnd, int64_t shard_q, int64_t shard_k,
-    const optional<Tensor> &block_table, int64_t num_splits);
+    const optional<Tensor> &block_table, int64_t num_splits, int64_t sm_margin);
 
 // flashattn::kvcache (flash_attn_with_kvcache): appends k, v (rotated) to the caches in
 // place, then attends q (rotated) to them. Returns (out, lse).
@@ -62,6 +62,8 @@ struct Options {
   // a paged KV cache: k and v are pools of pages (num_pages, page_size, heads_k, headdim)
   optional<Tensor> block_table;
   int64_t num_splits = 0;
+  // CUDA: SMs the Hopper kernels leave to other work (a collective's kernels beside them)
+  int64_t sm_margin = 0;
   // the KV-cache call: k and v are the caches (their batch may differ from q's)
   bool kvcache = false;
 };

@@ -106,6 +106,7 @@ class FaParams(ctypes.Structure):
         ("block_table_stride", ctypes.c_int64),
         ("max_pages_per_seq", ctypes.c_int64),
         ("num_splits", ctypes.c_int),
+        ("sm_margin", ctypes.c_int),
     ]
 
 

@@ -195,7 +195,7 @@ if AVAILABLE:
                   alibi_slopes=None, block_mask=None, softmax_scale=None, causal=False,
                   window_left=-1, window_right=-1, softcap=0.0, dropout_p=0.0, rng_state=None,
                   deterministic=False, algorithm=0, block_size_q=0, block_size_k=0, bhnd=False,
-                  shard_q=-1, shard_k=-1, block_table=None, num_splits=0):
+                  shard_q=-1, shard_k=-1, block_table=None, num_splits=0, sm_margin=0):
         varlen = cu_seqlens_q is not None
         _check_fake(q, k, v, varlen, block_table is not None)
         _check_devices(q, (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
@@ -215,7 +215,7 @@ if AVAILABLE:
                   causal=False, window_left=-1, window_right=-1, softcap=0.0, dropout_p=0.0,
                   rng_state=None, deterministic=False, algorithm=0, block_size_q=0,
                   block_size_k=0, bhnd=False, shard_q=-1, shard_k=-1, block_table=None,
-                  num_splits=0):
+                  num_splits=0, sm_margin=0):
         if block_table is not None:
             raise UnsupportedError(_lib.Status.ERR_UNSUPPORTED, "params.block_table: the "
                                    "backward pass does not take a paged KV cache (paged "
@@ -263,7 +263,7 @@ def _call(fast, op, args):
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, block_mask,
               softmax_scale, causal, window_size, softcap, dropout_p, deterministic, algorithm,
-              block_size, bhnd=False, block_table=None, num_splits=0):
+              block_size, bhnd=False, block_table=None, num_splits=0, sm_margin=0):
     """The public functions' one call: (out, lse, rng_state), differentiable in q, k, v.
     bhnd: q, k, v are (batch, heads, seqlen, headdim) (out too; lse is the same).
     block_table: k and v are page pools (forward only: the backward raises)."""
@@ -278,9 +278,16 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, bloc
             None if softmax_scale is None else float(softmax_scale), bool(causal), left, right,
             float(softcap) if softcap else 0.0, float(dropout_p) if dropout_p else 0.0, None,
             bool(deterministic), algorithm_code(algorithm), bq, bk, bhnd, -1, -1, block_table,
-            _splits(num_splits)))
+            _splits(num_splits), _margin(sm_margin)))
     except (RuntimeError, ValueError, TypeError) as e:
         _reraise(e)
+
+
+def _margin(sm_margin):
+    try:
+        return operator.index(sm_margin or 0)
+    except TypeError:
+        raise TypeError("flashattn: sm_margin must be an int, got %r" % (sm_margin,)) from None
 
 
 def _splits(num_splits):
@@ -324,7 +331,7 @@ def fwd(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), soft
         alibi_slopes=None, dropout_p=0.0, dropout_seed=None, dropout_offset=0,
         cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, block_mask=None,
         block_size=None, deterministic=False, algorithm="flash2", shard=None,
-        block_table=None, num_splits=0):
+        block_table=None, num_splits=0, sm_margin=0):
     """Forward without autograd: returns (out, lse).
 
     q: (batch, seqlen_q, heads, headdim), k and v: (batch, seqlen_k, heads_k, headdim)
@@ -338,8 +345,9 @@ def fwd(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), soft
     sequence whose rows and keys sit at those positions (masks, ALiBi and dropout at the
     sequence's positions; fa_params.shard_enabled). block_table: int32 (batch,
     max_num_blocks_per_seq), k and v then page pools (num_blocks, page_block_size, heads_k,
-    headdim); num_splits: the CUDA forward's key splits (0: chosen). Nothing here records
-    autograd history.
+    headdim); num_splits: the CUDA forward's key splits (0: chosen); sm_margin: SMs the
+    Hopper kernels leave to work running beside them (fa_params.sm_margin). Nothing here
+    records autograd history.
     """
     left, right = window_bounds(window_size)
     bq, bk = block_sizes(block_size)
@@ -351,7 +359,7 @@ def fwd(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), soft
                 None if softmax_scale is None else float(softmax_scale), bool(causal), left,
                 right, float(softcap or 0.0), float(dropout_p or 0.0), rng, bool(deterministic),
                 algorithm_code(algorithm), bq, bk, False, *_shard(shard), block_table,
-                _splits(num_splits)))
+                _splits(num_splits), _margin(sm_margin)))
     except (RuntimeError, ValueError, TypeError) as e:
         _reraise(e)
     return out, lse
@@ -361,7 +369,7 @@ def bwd(dout, q, k, v, out, lse, *, softmax_scale=None, causal=False, window_siz
         softcap=0.0, alibi_slopes=None, dropout_p=0.0, dropout_seed=None, dropout_offset=0,
         cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, block_mask=None,
         block_size=None, deterministic=False, algorithm="flash2", shard=None,
-        block_table=None):
+        block_table=None, sm_margin=0):
     """Backward given the forward's out and lse: returns (dq, dk, dv), like q, k, v.
 
     dout is like out (any strides; copied once if headdim is not contiguous). Pass the
@@ -379,7 +387,7 @@ def bwd(dout, q, k, v, out, lse, *, softmax_scale=None, causal=False, window_siz
                 block_mask, None if softmax_scale is None else float(softmax_scale),
                 bool(causal), left, right, float(softcap or 0.0), float(dropout_p or 0.0), rng,
                 bool(deterministic), algorithm_code(algorithm), bq, bk, False, *_shard(shard),
-                block_table, 0))
+                block_table, 0, _margin(sm_margin)))
     except (RuntimeError, ValueError, TypeError) as e:
         _reraise(e)
 

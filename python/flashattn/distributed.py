@@ -43,26 +43,30 @@ LAYOUTS = ("zigzag", "contiguous")
 # with lse (1, heads, total), so that the ring below treats both forms alike.
 
 
-def _attn_kw(a, causal, shard, cu):
+def _attn_kw(a, causal, shard, cu, beside):
+    """beside: a transfer is in flight, whose kernels get a.sm_margin SMs."""
     return dict(softmax_scale=a.scale or None, causal=causal,
                 window_size=(a.window[1], a.window[2]) if a.window[0] else (-1, -1),
                 softcap=a.softcap, alibi_slopes=a.alibi, dropout_p=a.dropout_p,
                 dropout_seed=a.seed, dropout_offset=a.offset, deterministic=a.deterministic,
                 shard=shard, cu_seqlens_q=None if cu is None else cu[0],
-                cu_seqlens_k=None if cu is None else cu[1])
+                cu_seqlens_k=None if cu is None else cu[1],
+                sm_margin=a.sm_margin if beside else 0)
 
 
-def _attn_fwd(q, k, v, a, causal, shard, cu=None):
+def _attn_fwd(q, k, v, a, causal, shard, cu, beside):
+    kw = _attn_kw(a, causal, shard, cu, beside)
     if cu is None:
-        return _ops.fwd(q, k, v, **_attn_kw(a, causal, shard, cu))
-    out, lse = _ops.fwd(q[0], k[0], v[0], **_attn_kw(a, causal, shard, cu))
+        return _ops.fwd(q, k, v, **kw)
+    out, lse = _ops.fwd(q[0], k[0], v[0], **kw)
     return out[None], lse[None]
 
 
-def _attn_bwd(dout, q, k, v, out, lse, a, causal, shard, cu=None):
+def _attn_bwd(dout, q, k, v, out, lse, a, causal, shard, cu, beside):
+    kw = _attn_kw(a, causal, shard, cu, beside)
     if cu is None:
-        return _ops.bwd(dout, q, k, v, out, lse, **_attn_kw(a, causal, shard, cu))
-    grads = _ops.bwd(dout[0], q[0], k[0], v[0], out[0], lse[0], **_attn_kw(a, causal, shard, cu))
+        return _ops.bwd(dout, q, k, v, out, lse, **kw)
+    grads = _ops.bwd(dout[0], q[0], k[0], v[0], out[0], lse[0], **kw)
     return tuple(g[None] for g in grads)
 
 
@@ -181,7 +185,8 @@ class _Args:
     """The resolved options of one ring call, shared by forward and backward."""
 
     __slots__ = ("scale", "window", "softcap", "alibi", "dropout_p", "seed", "offset",
-                 "deterministic", "threads", "causal", "layout", "positional", "packed")
+                 "deterministic", "threads", "causal", "layout", "positional", "packed",
+                 "sm_margin")
 
 
 class _Piece:
@@ -298,6 +303,11 @@ class _Ring:
         return dist.batch_isend_irecv(ops)
 
 
+# SMs the Hopper kernels leave free while a K/V or dK/dV transfer is in flight: they keep
+# one CTA per SM for a whole call, so NCCL's kernels, queued beside them, would otherwise
+# start only when the call ends (fa_params.sm_margin).
+SM_MARGIN = 8
+
 # Benchmarks only: False skips every transfer (each step reuses the local K/V), which
 # times the compute alone; results are then wrong.
 COMMUNICATE = True
@@ -384,7 +394,7 @@ def _ring_forward(q, k, v, a, ring):
         while i < len(steps) and steps[i][0] == t:
             pc, i = steps[i][1], i + 1
             o, lse = _attn_fwd(q[:, pc.rq], kv[0][:, pc.rk], kv[1][:, pc.rk], a, pc.causal,
-                               pc.shard, pc.cu)
+                               pc.shard, pc.cu, works is not None)
             if acc is None and pc.whole:
                 acc, lse_acc = o, lse
                 continue
@@ -427,7 +437,7 @@ def _ring_backward(dout, q, k, v, kv, out, lse, a, ring):
             rq, rk = pc.rq, pc.rk
             gq, gk, gv = _attn_bwd(dout[:, rq], q[:, rq], kv[0][:, rk], kv[1][:, rk],
                                    out[:, rq], _rows_lse(lse, rq), a, pc.causal, pc.shard,
-                                   pc.cu)
+                                   pc.cu, works is not None or dkv_works is not None)
             dq.add(rq, gq, last=i == len(steps))
             mine.append((rk, gk, gv))
         # this block's sums: what came from the ranks before, then this rank's terms
@@ -486,7 +496,7 @@ def _shared_seed(dropout_seed, device, group):
 def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None,
                          window_size=(-1, -1), softcap=0.0, alibi_slopes=None, dropout_p=0.0,
                          deterministic=False, layout="zigzag", dropout_seed=None,
-                         dropout_offset=0, return_lse=False):
+                         dropout_offset=0, return_lse=False, sm_margin=None):
     """Ring attention of this rank's shard: flash_attn_func of the whole sequence,
     restricted to this rank's query rows.
 
@@ -496,14 +506,16 @@ def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None,
     alibi_slopes and dropout_p are those of flash_attn_func, applied at the whole
     sequence's positions. dropout_seed: the same on every rank (None: rank 0 draws one
     and broadcasts it); dropout_offset as in fa_params. deterministic: bitwise
-    reproducible gradients. Returns out (like q), and with return_lse also the float32
-    log-sum-exp (batch, nheads, seqlen_local). Differentiable in q, k and v.
+    reproducible gradients. sm_margin: SMs the Hopper kernels leave to the transfers'
+    kernels while a transfer is in flight (None: SM_MARGIN on CUDA tensors). Returns out
+    (like q), and with return_lse also the float32 log-sum-exp (batch, nheads,
+    seqlen_local). Differentiable in q, k and v.
     """
     _check_qkv(q, k, v, packed=False)
     _check_layout(layout, q.shape[1])
-    ring = _Ring(group)
     a = _make_args(q, group, causal, softmax_scale, window_size, softcap, alibi_slopes,
-                   dropout_p, deterministic, layout, dropout_seed, dropout_offset)
+                   dropout_p, deterministic, layout, dropout_seed, dropout_offset, sm_margin)
+    ring = _Ring(group)
     if a.dropout_p > 0 and layout == "zigzag" and (q.shape[1] // 2) % 4:
         raise ValueError("dropout with layout 'zigzag' needs seqlen_local a multiple of 8 "
                          "(each chunk a multiple of 4 keys: one Philox draw covers four), "
@@ -534,8 +546,14 @@ def _check_qkv(q, k, v, packed):
 
 
 def _make_args(q, group, causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p,
-               deterministic, layout, dropout_seed, dropout_offset):
+               deterministic, layout, dropout_seed, dropout_offset, sm_margin):
     """The resolved options of a ring call (validated)."""
+    if sm_margin is None:
+        sm_margin = SM_MARGIN if q.is_cuda else 0
+    if isinstance(sm_margin, bool) or not isinstance(sm_margin, int) or \
+            not 0 <= sm_margin <= 1024:
+        raise ValueError("sm_margin must be an int in [0, 1024] (None: %d on CUDA), got %r"
+                         % (SM_MARGIN, sm_margin))
     opts = _core.make_options(softmax_scale, causal, window_size, softcap, dropout_p,
                               deterministic)
     a = _Args()
@@ -554,13 +572,14 @@ def _make_args(q, group, causal, softmax_scale, window_size, softcap, alibi_slop
     a.offset = int(dropout_offset)
     # positions matter to a window, ALiBi and dropout; plain causal needs only the order
     a.positional = bool(opts.window_enabled or a.alibi is not None or a.dropout_p > 0)
+    a.sm_margin = sm_margin
     return a
 
 
 def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen=None, group=None, causal=False,
                                 softmax_scale=None, window_size=(-1, -1), softcap=0.0,
                                 alibi_slopes=None, dropout_p=0.0, deterministic=False,
-                                layout="zigzag", return_lse=False):
+                                layout="zigzag", return_lse=False, sm_margin=None):
     """Ring attention of this rank's part of a packed batch: flash_attn_varlen_func of the
     whole batch (self-attention, each sequence on its own), restricted to this rank's rows.
 
@@ -569,7 +588,8 @@ def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen=None, group=None
     cu_seqlens: the local offsets (the whole batch's divided by the world size; an int32
     tensor or a list, the same on every rank); each local sequence has the positions
     `layout` gives it (zigzag: an even length). max_seqlen is accepted for compatibility.
-    causal, softmax_scale, softcap and deterministic are flash_attn_varlen_func's;
+    causal, softmax_scale, softcap and deterministic are flash_attn_varlen_func's, sm_margin
+    ring_flash_attn_func's;
     window_size, alibi_slopes and dropout are not available on packed sequences
     (UnsupportedError). Returns out (like q), and with return_lse also the float32
     log-sum-exp (nheads, total_local). Differentiable in q, k and v. Reads cu_seqlens on
@@ -589,7 +609,7 @@ def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen=None, group=None
                              "chunks per rank); sequence %d has %d rows"
                              % (odd[0], cu[odd[0] + 1] - cu[odd[0]]))
     a = _make_args(q, group, causal, softmax_scale, window_size, softcap, alibi_slopes,
-                   dropout_p, deterministic, layout, 0, 0)
+                   dropout_p, deterministic, layout, 0, 0, sm_margin)
     if a.positional:
         raise UnsupportedError(
             Status.ERR_UNSUPPORTED, "window_size, alibi_slopes and dropout_p are not "

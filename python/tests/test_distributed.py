@@ -244,6 +244,9 @@ def test_errors():
         fd.ring_flash_attn_func(q, k3, k3)
     with pytest.raises(ValueError, match="seqlen_local"):
         fd.ring_flash_attn_func(q, q[:, :4], q[:, :4])
+    for bad in (-1, 1025, 2.0, True):
+        with pytest.raises(ValueError, match="sm_margin"):
+            fd.ring_flash_attn_func(q, q, q, sm_margin=bad)
     # packed sequences
     p = torch.zeros(8, 2, 8)
     with pytest.raises(ValueError, match="3-D"):

@@ -287,6 +287,25 @@ class _DropoutFn(torch.autograd.Function):
         return _ops.bwd(dout, *ctx.saved_tensors, **ctx.kw) + (None,)
 
 
+def test_sm_margin_reaches_the_library():
+    """sm_margin (fa_params.sm_margin) changes nothing on the CPU but is validated."""
+    q, k, v = _qkv(grad=False)
+    out, lse = _ops.fwd(q, k, v, causal=True)
+    out8, lse8 = _ops.fwd(q, k, v, causal=True, sm_margin=8)
+    assert torch.equal(out, out8) and torch.equal(lse, lse8)
+    dout = torch.randn_like(out)
+    for a, b in zip(_ops.bwd(dout, q, k, v, out, lse, causal=True),
+                    _ops.bwd(dout, q, k, v, out, lse, causal=True, sm_margin=1024)):
+        assert torch.equal(a, b)
+    for bad in (-1, 1025):
+        with pytest.raises(ValueError, match="sm_margin"):
+            _ops.fwd(q, k, v, sm_margin=bad)
+        with pytest.raises(ValueError, match="sm_margin"):
+            _ops.bwd(dout, q, k, v, out, lse, sm_margin=bad)
+    with pytest.raises(TypeError, match="sm_margin"):
+        _ops.fwd(q, k, v, sm_margin=1.5)
+
+
 def test_functional_bwd_errors():
     q, k, v = _qkv(grad=False)
     out, lse = _ops.fwd(q, k, v)

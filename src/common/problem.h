@@ -51,6 +51,7 @@ typedef struct fa_problem {
   int shard_enabled;             /* q_pos, k_pos below place the rows */
   int deterministic;
   int num_splits;
+  int sm_margin;        /* CUDA: SMs left to other work (fa_params.sm_margin) */
   int64_t q_pos, k_pos; /* positions of query row 0 and key 0 (a shard's offsets, else 0) */
 
   /* Which K/V rows each sequence reads (fa_problem_seq). Fixed-length

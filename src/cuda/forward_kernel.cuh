@@ -69,6 +69,7 @@ struct AttnArgs {
   const uint8_t *bmask;
   int64_t bm_sb, bm_sh, bm_sr;
   int bm_q, bm_k;
+  int sm_margin; /* the launch's: SMs a persistent grid leaves free (persistent_ctas) */
 };
 
 /* The causal / window mask of a sequence of nq rows and nk keys. SHIFT: with

@@ -78,6 +78,7 @@ inline void fill_common_args(AttnArgs &a, const fa_problem *pb) {
   a.bm_sr = pb->block_mask_stride_row;
   a.bm_q = (int)(pb->block_size_q < INT_MAX ? pb->block_size_q : INT_MAX);
   a.bm_k = (int)(pb->block_size_k < INT_MAX ? pb->block_size_k : INT_MAX);
+  a.sm_margin = pb->sm_margin;
 }
 
 /* Calls f(std::integral_constant<int, Dp>()) for the padded head dim Dp of d. */

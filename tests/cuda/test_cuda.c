@@ -110,6 +110,7 @@ typedef struct tcase {
   int kv, used[8];        /* KV cache (fixed lengths): batch b uses used[b] keys (seqused_k) */
   int lead;               /* elements before every tensor's first one on the GPU (unaligned) */
   int probs;              /* also check fa_attention_probs */
+  int sm_margin;          /* fa_params.sm_margin */
 } tcase;
 
 typedef struct tens {
@@ -492,6 +493,7 @@ static void run_case(const tcase *c) {
   p.window_left = c->wl;
   p.window_right = c->wr;
   p.softcap = c->softcap;
+  p.sm_margin = c->sm_margin;
   p.alibi_slopes = c->alibi ? slopes : NULL;
   p.alibi_stride_batch = c->Hq;
   if (varlen) {
@@ -1171,6 +1173,22 @@ static void full_suite(void) {
        * SMs: the Hopper kernels' full-mask order then runs in two waves */
       c = base(nm("%s D=%d %s", "more key blocks than SMs nq=200 nk=17000", 64, dt), dt, 64, 1, 1,
                200, 17000);
+      run_case(&c);
+      /* persistent grids short of SMs: all but 8, one CTA (a margin past the SM count) */
+      c = base(nm("%s D=%d %s", "sm_margin 8 causal GQA 4:2 nq=nk=2000", 128, dt), dt, 128, 2, 4,
+               2000, 2000);
+      c.Hk = 2, c.causal = 1, c.sm_margin = 8;
+      run_case(&c);
+      c = base(nm("%s D=%d %s", "sm_margin 1024 (one CTA) decode split nq=1 nk=3000", 64, dt), dt,
+               64, 3, 8, 1, 3000);
+      c.sm_margin = 1024;
+      run_case(&c);
+      c = base(nm("%s D=%d %s", "sm_margin 131 varlen window 100,0", 96, dt), dt, 96, 1, 2, 0, 0);
+      c.nseq = 3, c.window = 1, c.wl = 100, c.wr = 0, c.sm_margin = 131;
+      {
+        const int vq[3] = {300, 0, 700}, vk[3] = {300, 9, 900};
+        seq_lens(&c, vq, vk);
+      }
       run_case(&c);
       /* attention probabilities (fa_attention_probs) against the CPU's */
       c = base(nm("%s D=%d %s", "probs dropout 0.2 GQA 4:2 causal nq=77 nk=130", 64, dt), dt, 64, 2,

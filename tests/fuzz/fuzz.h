@@ -70,6 +70,7 @@ typedef struct fz_case {
   int backward;
   int threads, deterministic;
   double qk_std;
+  int sm_margin; /* CUDA: SMs the persistent kernels leave free */
 } fz_case;
 
 /* Draws the case of a seed; cuda: within what the CUDA backend supports. */

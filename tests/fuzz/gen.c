@@ -228,6 +228,9 @@ void fz_draw(fz_case *c, uint64_t seed, int cuda) {
    * rounding of dO V^T, are noise in every implementation, the naive one too */
   const double typical = c->qk_std * c->qk_std * fabs((double)c->scale) * sqrt((double)c->D);
   if (c->scale != 0 && typical > 4) c->scale = (float)(c->scale * 4 / typical);
+  /* a grid of one CTA up to all SMs but a few (drawn last: CPU cases keep their draws) */
+  static const int64_t margins[] = {1, 8, 131, 1024};
+  c->sm_margin = cuda && chance(&r, 20) ? (int)pick(&r, margins, 4) : 0;
 }
 
 /* Appends to the description (truncated at its end). */
@@ -290,4 +293,5 @@ void fz_describe(const fz_case *c, char *buf, size_t n) {
   if (c->lse_null) app(t, " lse=NULL");
   app(t, " threads %d%s", c->threads, c->deterministic ? " deterministic" : "");
   if (c->qk_std != 1.0) app(t, " std %g", c->qk_std);
+  if (c->sm_margin) app(t, " sm_margin %d", c->sm_margin);
 }

@@ -121,7 +121,7 @@ static float as_float(int64_t v, reader *r) {
 }
 
 static void edit(fuzz_args *a, reader *r) {
-  const int field = rd_u8(r) % 48;
+  const int field = rd_u8(r) % 49;
   const int64_t v = rd_val(r);
   if (field < 16) { /* a tensor's size or stride */
     fa_tensor *t = &a->t[rd_u8(r) % FZ_NT];
@@ -232,6 +232,9 @@ static void edit(fuzz_args *a, reader *r) {
       break;
     case 46:
       a->pass_f = (int)v, a->pass_b = (int)(v >> 8);
+      break;
+    case 47:
+      p->sm_margin = (int)v;
       break;
     default:
       p->deterministic = (int)v;

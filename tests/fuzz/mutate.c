@@ -3,6 +3,7 @@
  * in fa_last_error() (set by this call: a different one is left there
  * before), write none of its outputs (each still poisoned, guards included)
  * and leave its inputs as they were. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -311,7 +312,8 @@ static int m_float_params(fz_call *k) {
 }
 static int m_enums(fz_call *k) {
   static const int bad[4] = {-1, 3, 7, 1000}, bad_device[4] = {-1, 2, 7, 1000};
-  switch (rint_(k->rng, 0, 3)) {
+  static const int bad_margin[4] = {-1, 1025, INT_MIN, INT_MAX};
+  switch (rint_(k->rng, 0, 4)) {
     case 0:
       k->p.algorithm = (fa_algorithm)bad[rint_(k->rng, 0, 3)];
       return CALL;
@@ -320,6 +322,9 @@ static int m_enums(fz_call *k) {
       return CALL;
     case 2:
       k->p.num_threads = -(int)rint_(k->rng, 1, 64);
+      return CALL;
+    case 3:
+      k->p.sm_margin = bad_margin[rint_(k->rng, 0, 3)];
       return CALL;
     default:
       if (k->device_build) return 0; /* host pointers on a CUDA device would be the caller's bug */

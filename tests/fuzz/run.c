@@ -314,6 +314,7 @@ void fz_run_setup(fz_run *r, const fz_case *c, const fz_data *d, const fz_opt *o
   p->softcap = c->softcap;
   p->num_threads = o->threads;
   p->deterministic = o->deterministic;
+  p->sm_margin = c->sm_margin;
   if (c->varlen) {
     r->arrays[0] = array_to_dev(dev, c->cu_q, (size_t)(c->nseq + 1) * sizeof(int32_t));
     r->arrays[1] = array_to_dev(dev, c->cu_k, (size_t)(c->nseq + 1) * sizeof(int32_t));

@@ -687,7 +687,7 @@ fa_status bwd_launch(const BwdArgs &a, cudaStream_t stream) {
       (a.max_seqlen_q + kBwdRowsPerBlock - 1) / kBwdRowsPerBlock * a.heads_q * a.batch;
   if (rows == 0) return FA_OK;
   if (rows > INT_MAX / 2) return bwd_rows_launch<T, D>(a, stream, true); /* 32-bit indices */
-  const int64_t ctas = std::min<int64_t>(rows, 8 * (int64_t)persistent_ctas(rows));
+  const int64_t ctas = std::min<int64_t>(rows, 8 * (int64_t)persistent_ctas(rows, a.sm_margin));
   return launch_dependent(bwd_convert_kernel<T, D>, dim3((unsigned)ctas), dim3(256), stream, true,
                           a, (int)kv_grid.x);
 }

@@ -593,7 +593,7 @@ fa_status fwd_launch_as(const FwdArgs &a, cudaStream_t stream) {
   prm.sched.batch = a.batch;
   prm.sched.next = a.sched;
   const int64_t blocks = (int64_t)prm.sched.nblk * prm.sched.heads * a.batch;
-  const int ctas = persistent_ctas(blocks);
+  const int ctas = persistent_ctas(blocks, a.sm_margin);
   if (blocks == 0) return FA_OK;
   if (ctas == 0)
     return fa_set_error(FA_ERR_UNSUPPORTED, "cuda: too many query blocks for one launch");

@@ -42,10 +42,11 @@ struct Schedule {
   }
 };
 
-/* CTAs for a persistent launch of `blocks` blocks on the current device (one
- * per SM); 0 when blocks is 0 or does not fit Schedule's 32-bit indices (the
+/* CTAs for a persistent launch of `blocks` blocks on the current device: one
+ * per SM, less `margin` SMs left to other work (fa_params.sm_margin; at least
+ * one CTA); 0 when blocks is 0 or does not fit Schedule's 32-bit indices (the
  * caller then takes the sm_80 kernels). */
-int persistent_ctas(int64_t blocks);
+int persistent_ctas(int64_t blocks, int margin = 0);
 
 }  // namespace sm90
 }  // namespace fa

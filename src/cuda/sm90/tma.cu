@@ -84,7 +84,7 @@ fa_status make_map_f32(CUtensorMap *m, const float *base, int d, int64_t seqlen,
                 heads * seqlen * d, packed, 32, box_rows, 1);
 }
 
-int persistent_ctas(int64_t blocks) {
+int persistent_ctas(int64_t blocks, int margin) {
   static int sms[64]; /* per device; a race only repeats the query */
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) dev = 0;
@@ -94,7 +94,8 @@ int persistent_ctas(int64_t blocks) {
     sms[dev] = 132;
   }
   if (blocks > INT_MAX / 2) return 0; /* taking blocks past the last stays below 2^31 */
-  return (int)(blocks > sms[dev] ? sms[dev] : blocks);
+  const int ctas = margin < sms[dev] ? sms[dev] - margin : 1;
+  return (int)(blocks > ctas ? ctas : blocks);
 }
 
 }  // namespace sm90

@@ -332,7 +332,7 @@ __device__ __forceinline__ float bwd_score(const BwdArgs &p, float x, float slop
   *dfac = 1.f;
   if constexpr (XF) {
     if (p.cap_log2 > 0.f) {
-      const float th = tanh_accurate(x * p.scale_over_cap);
+      const float th = tanhf(x * p.scale_over_cap);
       *dfac = 1.f - th * th;
       x = p.cap_log2 * th;
     } else {

@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(256) std_softmax_kernel(const SoftmaxArgs a) {
   const uint8_t *brow = a.bm ? a.bm + h * a.bm_sh + (i / a.bq) * a.bm_sr : NULL;
   auto score = [&](int j) {
     float x = row[j];
-    if (a.softcap > 0) x = a.softcap * fa::tanh_accurate(x / a.softcap);
+    if (a.softcap > 0) x = a.softcap * tanhf(x / a.softcap);
     x -= slope * fabsf((float)(diag - j));
     return (j >= lo && j < hi && (!brow || brow[j / a.bk])) ? x : -INFINITY;
   };

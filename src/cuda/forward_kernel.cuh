@@ -643,7 +643,7 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
             float x = acc_s[mt][nt][2 * r + e];
             const int col = c0 + nt * 8 + 2 * t + e;
             if constexpr (XF) {
-              x = p.cap_log2 > 0.f ? p.cap_log2 * tanh_accurate(x * p.scale_over_cap) : x * p.scale_log2;
+              x = p.cap_log2 > 0.f ? p.cap_log2 * tanhf(x * p.scale_over_cap) : x * p.scale_log2;
               x -= slope_log2 * fabsf((float)attn_rel<EXT>(p, nq, nk, i, col));
             }
             if (MASK && (col < row_lo || col >= row_hi || (EXT && some && !brow[col / p.bm_k])))

@@ -20,15 +20,6 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p) {
   return (uint32_t)__cvta_generic_to_shared(p);
 }
 
-/* tanh within about 2^-23 absolute, for the logit softcap: under
- * --use_fast_math tanhf becomes tanh.approx.f32, whose 2^-11 relative error
- * moves a capped score by up to cap / 2000, past what the same computation
- * in float32 would. 1 - 2 / (e^{2|x|} + 1), with x's sign (|x| >= 10 gives 1). */
-__device__ __forceinline__ float tanh_accurate(float x) {
-  const float e = exp2f(2.f * FA_LOG2E * fminf(fabsf(x), 10.f));
-  return copysignf(1.f - __fdividef(2.f, e + 1.f), x);
-}
-
 /* 16 bytes global -> shared; only src_bytes (0..16) are read, the rest of the
  * 16 is zero-filled (predicated tails and padded head dims). */
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
@@ -103,8 +94,7 @@ __device__ __forceinline__ void zero_tiles(float (&c)[M][N][4]) {
 /* Two float32 C tiles (n-tiles 2kk and 2kk + 1 of one 16-row m-tile) -> the
  * A fragment of the 16x16 k-slice kk (C layout == A layout, rounded to T). */
 template <typename T>
-__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c0)[4],
-                                       const float (&c1)[4]) {
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
   a[0] = pack2<T>(c0[0], c0[1]);
   a[1] = pack2<T>(c0[2], c0[3]);
   a[2] = pack2<T>(c1[0], c1[1]);

@@ -114,9 +114,8 @@ def check(args):
             a.scale, a.softcap, a.dropout_p, a.alibi = opts.softmax_scale, 0.0, p, None
             a.window = (opts.window_enabled, opts.window_left, opts.window_right)
             a.seed, a.offset, a.deterministic, a.threads = seed or 0, 0, False, 0
-            so, sl = fd._attn_fwd(q, k, v, a, kw.get("causal", False), None, None, False)
-            sg = fd._attn_bwd(do, q, k, v, so, sl, a, kw.get("causal", False), None, None,
-                              False)
+            so, sl = fd._attn_fwd(q, k, v, a, kw.get("causal", False), None)
+            sg = fd._attn_bwd(do, q, k, v, so, sl, a, kw.get("causal", False), None)
             # float64 reference, dropout through the library's mask
             keep = None
             if p:

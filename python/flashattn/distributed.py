@@ -54,7 +54,7 @@ def _attn_kw(a, causal, shard, cu, beside):
                 sm_margin=a.sm_margin if beside else 0)
 
 
-def _attn_fwd(q, k, v, a, causal, shard, cu, beside):
+def _attn_fwd(q, k, v, a, causal, shard, cu=None, beside=False):
     kw = _attn_kw(a, causal, shard, cu, beside)
     if cu is None:
         return _ops.fwd(q, k, v, **kw)
@@ -62,7 +62,7 @@ def _attn_fwd(q, k, v, a, causal, shard, cu, beside):
     return out[None], lse[None]
 
 
-def _attn_bwd(dout, q, k, v, out, lse, a, causal, shard, cu, beside):
+def _attn_bwd(dout, q, k, v, out, lse, a, causal, shard, cu=None, beside=False):
     kw = _attn_kw(a, causal, shard, cu, beside)
     if cu is None:
         return _ops.bwd(dout, q, k, v, out, lse, **kw)

@@ -444,13 +444,18 @@ __global__ void __launch_bounds__(NW * 32, MINB) flash_bwd_kv_kernel(const BwdAr
     const T *gdO = (const T *)p.dout + row_off(sv, false, p.do_sb, p.do_ss, p.do_sh, r, h);
     load_tile<T, BR, D, NT>(sQ, gQ, p.q_ss, nq - r, p.d, tid);
     load_tile<T, BR, D, NT>(sdO, gdO, p.do_ss, nq - r, p.d, tid);
-    /* rows past nq read as lse2 = Di = 0: their zero dO makes every term vanish */
+    /* rows past nq read as lse2 = +inf and Di = 0: P = 0 there whatever the score
+     * (ALiBi with a negative slope makes it grow with the distance, and
+     * exp2(score) would overflow the 16-bit P of dV's product), and dO = 0 */
     for (int j = tid; j < 2 * BR; j += NT) {
       const int i = j % BR, row = r + i;
       const float *src = (j < BR ? p.lse2 : p.dsum) + sv.lse0 + h * sv.lse_hs;
       float *dst = (j < BR ? sL : sDi) + i;
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)),
-                   "l"(row < nq ? src + row : src), "r"(row < nq ? 4 : 0));
+      if (j < BR && row >= nq)
+        *dst = INFINITY;
+      else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)),
+                     "l"(row < nq ? src + row : src), "r"(row < nq ? 4 : 0));
     }
   };
   /* Block-sparse: steps whose tile's blocks are all zero are skipped; cls is
@@ -691,13 +696,13 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_bwd_dq_kernel(cons
   if (n < n_end) load_kv(n, 0);
   cp_async_commit();
 
-  /* this thread's rows g, g + 8 of its warp: lse2 and Di (0 past nq) */
+  /* this thread's rows g, g + 8 of its warp: lse2 and Di (+inf and 0 past nq) */
   float l2[2], di[2];
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     const int row = r0 + wrow + g + 8 * hr;
     const int64_t idx = sv.lse0 + h * sv.lse_hs + row;
-    l2[hr] = row < nq ? p.lse2[idx] : 0.f;
+    l2[hr] = row < nq ? p.lse2[idx] : INFINITY; /* P = 0 past nq (see load_q) */
     di[hr] = row < nq ? p.dsum[idx] : 0.f;
   }
   const float slope_log2 =

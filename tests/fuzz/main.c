@@ -3,6 +3,7 @@
  *   fa_fuzz [--seed S] [--valid N] [--invalid N] [--seconds T] [--bitwise-every K]
  *           [--concurrent T] [--big] [--cuda | --mirror] [--repeat-every K] [-v]
  *   fa_fuzz --case SEED | --invalid-case SEED [--cuda]   (one case, verbose: a repro)
+ *   fa_fuzz --case SEED --set KEY=VALUE,...             (that case, some draws replaced)
  *   fa_fuzz --cuda-properties                            (device_cuda.c)
  *
  * Runs N valid and N invalid cases drawn from seeds derived from S (default:
@@ -77,9 +78,58 @@ static void report(const fz_opts *o, const char *kind, uint64_t seed, const fz_c
   pthread_mutex_unlock(&g_lock);
 }
 
+/* --set KEY=VALUE,...: a drawn case with some of its draws replaced, to find
+ * which part of a failing case matters. Keys: alibi (0/1), alibi_stride,
+ * dropout (p), deterministic, threads, std, softcap, causal, plain (a tensor
+ * index 0-7 for q k v o do dq dk dv, or 8 for all: its layout becomes
+ * contiguous (b, n, h) without gaps). */
+static const char *g_set;
+
+static void apply_set(fz_case *c) {
+  const char *s = g_set;
+  while (s && *s) {
+    char key[32];
+    double v = 0;
+    int used = 0;
+    if (sscanf(s, "%31[a-z_]=%lf%n", key, &v, &used) != 2) {
+      fprintf(stderr, "fa_fuzz: --set: cannot read \"%s\"\n", s);
+      exit(2);
+    }
+    if (!strcmp(key, "alibi"))
+      c->alibi = (int)v;
+    else if (!strcmp(key, "alibi_stride"))
+      c->alibi_stride = (int64_t)v;
+    else if (!strcmp(key, "dropout"))
+      c->dropout = (float)v;
+    else if (!strcmp(key, "deterministic"))
+      c->deterministic = (int)v;
+    else if (!strcmp(key, "threads"))
+      c->threads = (int)v;
+    else if (!strcmp(key, "std"))
+      c->qk_std = v;
+    else if (!strcmp(key, "softcap"))
+      c->softcap = (float)v;
+    else if (!strcmp(key, "causal"))
+      c->causal = (int)v;
+    else if (!strcmp(key, "plain"))
+      for (int t = 0; t < FZ_NT; t++) {
+        if ((int)v != t && (int)v != FZ_NT) continue;
+        memset(&c->lay[t], 0, sizeof c->lay[t]);
+        c->lay[t].order[0] = 0, c->lay[t].order[1] = 1, c->lay[t].order[2] = 2;
+      }
+    else {
+      fprintf(stderr, "fa_fuzz: --set: unknown key %s\n", key);
+      exit(2);
+    }
+    s += used;
+    if (*s == ',') s++;
+  }
+}
+
 static int run_valid(const fz_opts *o, const fz_dev *dev, uint64_t seed, int bitwise, fz_tally *t) {
   fz_case c;
   fz_draw(&c, seed, o->cuda);
+  apply_set(&c);
   fz_ctx x = {0, "", o->verbose};
   fz_stats st = {0, 0, 0};
   if (o->verbose) {
@@ -238,7 +288,7 @@ static void usage(const char *prog) {
   fprintf(stderr,
           "usage: %s [--seed S] [--valid N] [--invalid N] [--seconds T] [--bitwise-every K]\n"
           "          [--concurrent T] [--big] [--cuda | --mirror] [--repeat-every K] [-v]\n"
-          "       %s --case SEED | --invalid-case SEED [--cuda]\n"
+          "       %s --case SEED [--set KEY=VALUE,...] | --invalid-case SEED [--cuda]\n"
           "       %s --cuda-properties\n",
           prog, prog, prog);
 }
@@ -273,6 +323,8 @@ int main(int argc, char **argv) {
       o.threads = atoi(argv[++i]);
     else if (!strcmp(a, "--case") && more)
       one_valid = 1, one_seed = parse_u64(argv[++i]);
+    else if (!strcmp(a, "--set") && more)
+      g_set = argv[++i];
     else if (!strcmp(a, "--invalid-case") && more)
       one_invalid = 1, one_seed = parse_u64(argv[++i]);
     else if (!strcmp(a, "--big"))

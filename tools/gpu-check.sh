@@ -16,8 +16,9 @@
 #   --experiments: also run tools/gpu_experiments.py (the papers' tables, CSV into
 #   $OUT/gpu; plot them anywhere with --plot-only).
 #   --build-only: build build-gpu and stop (any machine with nvcc, no GPU needed).
-#   --pack=TARBALL: that, then pack what a run needs (library, tests, benchmarks: ~15 MB)
-#   into TARBALL, so that a GPU machine spends no time compiling:
+#   --pack=TARBALL: that, then pack what a run needs (library, tests, benchmarks: ~25 MB;
+#   the NCCL adapter and its test too where NCCL was found) into TARBALL, so that a GPU
+#   machine spends no time compiling (tools/gpu-ring.sh takes it as well):
 #   --prebuilt=TARBALL: skip the build and unpack build-gpu from TARBALL instead.
 #   --tune NAME=FLAGS: also build the library with CMAKE_CUDA_FLAGS=FLAGS (e.g.
 #   "b128=-DFA_BWD128_BR=64 -DFA_BWD128_NW=8") into build-gpu-NAME and time
@@ -74,9 +75,10 @@ fi
 if [ -n "$pack" ]; then # the run's files: the library, the test and bench binaries
   tmp=$(mktemp -d)
   mkdir -p "$tmp/build-gpu/bin" "$(dirname "$pack")"
-  cp -a build-gpu/libflashattn.so* "$tmp/build-gpu/"
-  strip --strip-unneeded "$tmp"/build-gpu/libflashattn.so.*.*
-  for b in test_cuda test_cuda_kv test_wgmma fa_fuzz flashattn-bench flashattn-block-sweep; do
+  cp -a build-gpu/libflashattn.so* build-gpu/libflashattn_nccl.so* "$tmp/build-gpu/" 2>/dev/null
+  strip --strip-unneeded "$tmp"/build-gpu/libflashattn*.so.*.*
+  for b in test_cuda test_cuda_kv test_wgmma test_ring_nccl fa_fuzz flashattn-bench \
+    flashattn-block-sweep; do
     [ -x "build-gpu/bin/$b" ] && cp "build-gpu/bin/$b" "$tmp/build-gpu/bin/"
   done
   tar czf "$pack" -C "$tmp" build-gpu && rm -rf "$tmp" && ls -la "$pack"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with several GPUs: builds the CUDA library (sm_90, shared) into build-gpu
-# (or unpacks --prebuilt=TARBALL, a build-gpu-lib.tar.xz this script left in $OUT), runs
+# (or unpacks --prebuilt=TARBALL: a build-gpu-lib.tar.xz this script left in $OUT, or the
+# tarball tools/gpu-check.sh --pack made, whose tests then run too), runs
 # test_cuda --small (the kernels against the float64 oracle), then, one process a GPU,
 # tools/bench_ring.py --check (ring attention against one GPU and float64) and its
 # benchmark against PyTorch's context parallelism; the table comes last. Logs, JSON and
@@ -26,8 +27,15 @@ status=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 if [ -n "$prebuilt" ]; then
   stamp "unpacking $prebuilt"
-  mkdir -p build-gpu && tar xJf "$prebuilt" -C build-gpu || exit 1
-  run_test=0
+  case "$prebuilt" in
+    *.tgz | *.tar.gz) # gpu-check.sh --pack: build-gpu/ with the library, tests and benchmarks
+      rm -rf build-gpu && tar xzf "$prebuilt" || exit 1
+      [ -x build-gpu/bin/test_cuda ] || run_test=0 ;;
+    *)
+      mkdir -p build-gpu && tar xJf "$prebuilt" -C build-gpu || exit 1
+      run_test=0 ;;
+  esac
+  export LD_LIBRARY_PATH=$PWD/build-gpu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 else
   stamp "building build-gpu (sm_90)"
   # NCCL for the C adapter: the toolkit's, else the nvidia-nccl wheel PyTorch brings

@@ -62,6 +62,16 @@ if [ $run_test = 1 ]; then
   fi
 fi
 export FLASHATTN_LIBRARY=$PWD/build-gpu/libflashattn.so PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+# the PyTorch operators (flashattn._C) the Python ring calls, against this machine's torch
+stamp "building flashattn._C"
+if ! { cmake -S python -B build-gpu-torch -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_LIBRARY="$FLASHATTN_LIBRARY" \
+  -DFLASHATTN_TORCH_PYTHON="$(command -v python3)" && cmake --build build-gpu-torch -j"$(nproc)"; } \
+  >"$OUT/torch-build.log" 2>&1; then
+  tail -20 "$OUT/torch-build.log"
+  exit 1
+fi
+FLASHATTN_TORCH_LIBRARY=$PWD/$(ls build-gpu-torch/_C.*.so build-gpu-torch/libflashattn_ops.so 2>/dev/null | head -1)
+export FLASHATTN_TORCH_LIBRARY
 stamp "bench_ring.py on $gpus GPUs ${args[*]:-}"
 torchrun --nproc-per-node "$gpus" tools/bench_ring.py --json "$OUT/ring.json" "${args[@]}" \
   2>&1 | tee "$OUT/ring.log" || status=1

@@ -188,6 +188,7 @@ static int whole(const cfg *c, int W, int gpu, const uint16_t *const in[4], doub
 }
 
 int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0); /* each line out before a crash or a kill */
   int W = 0;
   if (cudaGetDeviceCount(&W) != cudaSuccess || W < 2) {
     printf("test_ring_nccl: skipped (fewer than two GPUs)\n");

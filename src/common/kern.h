@@ -131,7 +131,8 @@ typedef struct fa_kern {
    * dots_rows: ST[j*ldst + r] = alpha * Q_r . K_j for j < n and
    * r < round_up(nr, FA_VL) (0 in the lanes past nr). softmax_step_cols:
    * softmax_cols in base e (decode's units). pv_rows: O_r = rowscale[r] O_r
-   * + sum_{j<n} ST[j*ldp + r] V_j, r < nr. */
+   * + sum_{j<n} ST[j*ldp + r] V_j, r < nr (rowscale NULL: O_r is not scaled,
+   * no pass over it). */
   void (*softmax_step_cols)(float *ST, int64_t lds, int64_t nc, int64_t ncol, float *m, float *l,
                             float *alpha);
   void (*dots_rows)(int64_t nr, int64_t n, int64_t d, const float *Q, int64_t ldq, const void *k,

@@ -785,7 +785,7 @@ static inline __attribute__((always_inline)) void SFX(pv_rows_dt)(
     const fa_dtype dt, const int SG, int64_t nr, int64_t n, int64_t d, const float *PT, int64_t ldp,
     const char *v, int64_t vs, int64_t vhs, int64_t group, float *O, int64_t ldo,
     const float *rowscale) {
-  for (int64_t r = 0; r < nr; r++) {
+  for (int64_t r = 0; rowscale && r < nr; r++) {
     const vf s = vf_set1(rowscale[r]);
     float *o = O + r * ldo;
     for (int64_t c = 0; c < d; c += FA_VL) vf_store(o + c, vf_mul(vf_load(o + c), s));

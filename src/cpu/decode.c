@@ -259,13 +259,13 @@ static void dec_rows_block(const cpu_ctx *c, const dec_plan *p, const dec_bufs *
   }
   c->kn->softmax_step_cols(b->S, p->rall8, nc, p->rall8, st->m, st->l, b->alpha);
   cu = cpu_kv_at(c, sq, 0, c0);
-  for (int64_t j0 = 0;;) {
+  for (int64_t j0 = 0;;) { /* O rescaled with the first run only: one pass over it, not a page's */
     const int64_t n = cpu_min(cu.left, nc - j0);
     c->kn->pv_rows(p->rall, n, c->Dp, b->S + j0 * p->rall8, p->rall8, cu.v, cu.vs,
-                   pb->v.stride_head * es, pb->group, pb->dtype, st->O, c->Dp, b->alpha);
+                   pb->v.stride_head * es, pb->group, pb->dtype, st->O, c->Dp,
+                   j0 ? NULL : b->alpha);
     if ((j0 += n) >= nc) break;
     cpu_kv_step(&cu, n);
-    for (int64_t r = 0; r < p->rall8; r++) b->alpha[r] = 1.0f; /* O rescaled once */
   }
 }
 

@@ -88,10 +88,16 @@ def dropout_mask(dropout_p, seed, offset, nheads, seqlen_q, seqlen_k, batch=1):
     return np.frombuffer(raw, dtype=np.uint8).reshape(batch, nheads, seqlen_q, seqlen_k).copy()
 
 
+def _check_margin(sm_margin):
+    if isinstance(sm_margin, bool) or not isinstance(sm_margin, int) or \
+            not 0 <= sm_margin <= 1024:
+        raise ValueError("sm_margin must be an int in [0, 1024], got %r" % (sm_margin,))
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_attn_probs=False, block_mask=None, *, block_size=None,
-                    algorithm="flash2"):
+                    algorithm="flash2", sm_margin=0):
     """softmax(q kᵀ · softmax_scale + masks) v.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim),
@@ -99,13 +105,17 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     corner; window_size=(left, right) ints, -1 = unlimited; softcap > 0 caps logits;
     alibi_slopes: float32 (nheads,) or (batch, nheads); block_mask: uint8 or bool
     (batch or 1, nheads or 1, query blocks, key blocks) with block_size=(block_q,
-    block_k). Returns out (like q), or (out, softmax_lse (batch, nheads, seqlen_q)
-    float32, None) with return_attn_probs.
+    block_k). sm_margin (CUDA, flash-attn 3's): SMs the Hopper kernels leave to work
+    running beside the call, e.g. a collective's kernels on another stream (0: all).
+    Returns out (like q), or (out, softmax_lse (batch, nheads, seqlen_q) float32, None)
+    with return_attn_probs.
     """
+    _check_margin(sm_margin)
     if isinstance(q, _Tensor):
         out, lse, rng = _ops.attention(q, k, v, None, None, None, alibi_slopes, block_mask,
                                        softmax_scale, causal, window_size, softcap, dropout_p,
-                                       deterministic, algorithm, block_size)
+                                       deterministic, algorithm, block_size,
+                                       sm_margin=sm_margin)
         if return_attn_probs:  # flash-attn's (out, softmax_lse, S_dmask)
             return out, lse, _attn_probs(q, k, rng, softmax_scale, causal, window_size, softcap,
                                          alibi_slopes, dropout_p, block_mask=block_mask,
@@ -257,7 +267,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
                            max_seqlen_k=None, dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None,
-                           block_mask=None, *, block_size=None, algorithm="flash2"):
+                           block_mask=None, *, block_size=None, algorithm="flash2",
+                           sm_margin=0):
     """Sequences packed along the first axis. q: (total_q, nheads, headdim), k, v:
     (total_k, nheads_k, headdim); cu_seqlens_q/_k: int32 (batch + 1,) offsets from 0,
     on q's device. max_seqlen_q/_k are accepted for compatibility (the library finds
@@ -265,7 +276,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
     (batch, max_num_blocks_per_seq), k and v then page pools (num_blocks,
     page_block_size, nheads_k, headdim) and cu_seqlens_k's offsets count each sequence's
     keys (read through its row of the table); forward only (the backward raises
-    UnsupportedError), without dropout or return_attn_probs."""
+    UnsupportedError), without dropout or return_attn_probs. sm_margin: as in
+    flash_attn_func."""
+    _check_margin(sm_margin)
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError("flash_attn_varlen_func needs cu_seqlens_q and cu_seqlens_k")
     if block_table is not None and return_attn_probs:
@@ -275,7 +288,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
         out, lse, rng = _ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, None, alibi_slopes,
                                        block_mask, softmax_scale, causal, window_size, softcap,
                                        dropout_p, deterministic, algorithm, block_size, False,
-                                       block_table)
+                                       block_table, sm_margin=sm_margin)
         if return_attn_probs:
             return out, lse, _attn_probs(q, k, rng, softmax_scale, causal, window_size, softcap,
                                          alibi_slopes, dropout_p, cu_seqlens_q, cu_seqlens_k,

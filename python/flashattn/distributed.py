@@ -25,7 +25,7 @@ sequence (dropout: with the same dropout_seed), and steps whose blocks are fully
 import torch
 import torch.distributed as dist
 
-from . import _core
+from . import _check_margin, _core
 from . import _ops
 from ._lib import Status, UnsupportedError
 
@@ -550,10 +550,7 @@ def _make_args(q, group, causal, softmax_scale, window_size, softcap, alibi_slop
     """The resolved options of a ring call (validated)."""
     if sm_margin is None:
         sm_margin = SM_MARGIN if q.is_cuda else 0
-    if isinstance(sm_margin, bool) or not isinstance(sm_margin, int) or \
-            not 0 <= sm_margin <= 1024:
-        raise ValueError("sm_margin must be an int in [0, 1024] (None: %d on CUDA), got %r"
-                         % (SM_MARGIN, sm_margin))
+    _check_margin(sm_margin)
     opts = _core.make_options(softmax_scale, causal, window_size, softcap, dropout_p,
                               deterministic)
     a = _Args()

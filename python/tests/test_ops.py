@@ -304,6 +304,17 @@ def test_sm_margin_reaches_the_library():
             _ops.bwd(dout, q, k, v, out, lse, sm_margin=bad)
     with pytest.raises(TypeError, match="sm_margin"):
         _ops.fwd(q, k, v, sm_margin=1.5)
+    # the public functions take it too (flash-attn 3's keyword), through autograd
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    a = flashattn.flash_attn_func(qg, kg, vg, causal=True, sm_margin=8)
+    assert torch.equal(a, out)
+    a.backward(dout)
+    for g, want in zip((qg.grad, kg.grad, vg.grad),
+                       _ops.bwd(dout, q, k, v, out, lse, causal=True)):
+        assert torch.equal(g, want)
+    for bad in (-1, 1025, 2.0):
+        with pytest.raises(ValueError, match="sm_margin"):
+            flashattn.flash_attn_func(q, k, v, sm_margin=bad)
 
 
 def test_functional_bwd_errors():

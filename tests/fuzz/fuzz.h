@@ -3,7 +3,8 @@
  * A case is drawn from one 64-bit seed (fz_draw) and is everything a call
  * takes: dtype, algorithm, shapes, variable-length sequences (empty ones and
  * padded buffers too), seqused_k, masks, softcap, ALiBi, dropout, block
- * masks, one strided layout per tensor, workspace, lse = NULL, threads. The
+ * masks, one strided layout per tensor, paged K/V (the tested run's: a
+ * shuffled pool of pages and its block table), workspace, lse = NULL, threads. The
  * valid check (fz_check_valid) runs it three times, as tests/attn.c does:
  *   oracle  FA_ALGO_STANDARD in float64 on the CPU
  *   naive   FA_ALGO_STANDARD in the storage dtype on the CPU (the yardstick)
@@ -71,6 +72,7 @@ typedef struct fz_case {
   int threads, deterministic;
   double qk_std;
   int sm_margin; /* CUDA: SMs the persistent kernels leave free */
+  int page;      /* the tested run reads K/V from a paged cache of these rows a page (0: not) */
 } fz_case;
 
 /* Draws the case of a seed; cuda: within what the CUDA backend supports. */

@@ -231,6 +231,23 @@ void fz_draw(fz_case *c, uint64_t seed, int cuda) {
   /* a grid of one CTA up to all SMs but a few (drawn last: CPU cases keep their draws) */
   static const int64_t margins[] = {1, 8, 131, 1024};
   c->sm_margin = cuda && chance(&r, 20) ? (int)pick(&r, margins, 4) : 0;
+  /* the tested run's K/V in a paged cache: forward only (the backward refuses it), not
+   * with a block mask (whose row stride follows the cache's capacity) or broadcast K/V,
+   * and on CUDA neither with dropout nor the standard algorithm (refused there) */
+  static const int64_t pages[] = {1, 3, 8, 16, 64};
+  const int page_ok = !c->block && !c->lay[FZ_K].bcast && !c->lay[FZ_V].bcast &&
+                      !(cuda && (c->dropout > 0 || c->algo == FA_ALGO_STANDARD));
+  if (page_ok && chance(&r, 15)) {
+    c->page = (int)pick(&r, pages, 5);
+    c->backward = 0;
+    /* a fixed-length batch's sequences hold whole pages: seqused_k keeps the keys past
+     * NK unread */
+    const int64_t np = (c->NK + c->page - 1) / c->page;
+    if (!c->varlen && !c->used && (np > 0 ? np : 1) * c->page != c->NK) {
+      c->used = 1;
+      for (int s = 0; s < c->nseq; s++) c->seqused[s] = (int32_t)c->NK;
+    }
+  }
 }
 
 /* Appends to the description (truncated at its end). */
@@ -294,4 +311,5 @@ void fz_describe(const fz_case *c, char *buf, size_t n) {
   app(t, " threads %d%s", c->threads, c->deterministic ? " deterministic" : "");
   if (c->qk_std != 1.0) app(t, " std %g", c->qk_std);
   if (c->sm_margin) app(t, " sm_margin %d", c->sm_margin);
+  if (c->page) app(t, " paged %d", c->page);
 }

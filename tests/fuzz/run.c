@@ -125,6 +125,8 @@ static void nan_rows(double *a, int64_t N, int64_t H, int64_t D, int64_t b, int6
     for (int64_t x = 0; x < H * D; x++) a[cidx(N, H, D, b, n, 0, 0) + (size_t)x] = NAN;
 }
 
+static void make_pool(fz_data *d, const fz_case *c, tu_rng *r);
+
 void fz_data_make(fz_data *d, const fz_case *c) {
   memset(d, 0, sizeof *d);
   tu_rng r;
@@ -183,9 +185,51 @@ void fz_data_make(fz_data *d, const fz_case *c) {
       d->bmask[e] =
           (int)(tu_rng_next(&r) % 100) < c->bdens ? (uint8_t)(1 + tu_rng_next(&r) % 255) : 0;
   }
+  if (c->page) make_pool(d, c, &r);
+}
+
+/* The paged case's pools: each sequence's key rows scattered over its pages, the
+ * pages shuffled through the pool (a few spare ones too), every other row NaN. */
+static void make_pool(fz_data *d, const fz_case *c, tu_rng *r) {
+  const int64_t P = c->page, row = c->HK * c->D;
+  int64_t need = 0;
+  d->max_pages = 1;
+  for (int s = 0; s < c->nseq; s++) {
+    const int64_t np = (fz_seq_of(c, s).cap + P - 1) / P;
+    need += np;
+    if (np > d->max_pages) d->max_pages = np;
+  }
+  d->npages = need + 1 + (int64_t)(tu_rng_next(r) % 3); /* a spare page at least */
+  int64_t *perm = (int64_t *)malloc((size_t)(d->npages ? d->npages : 1) * sizeof(int64_t));
+  for (int64_t i = 0; i < d->npages; i++) perm[i] = i;
+  for (int64_t i = d->npages - 1; i > 0; i--) { /* Fisher-Yates */
+    const int64_t j = (int64_t)(tu_rng_next(r) % (uint64_t)(i + 1)), t = perm[i];
+    perm[i] = perm[j], perm[j] = t;
+  }
+  const size_t n = (size_t)(d->npages * P * row);
+  d->table = (int32_t *)malloc((size_t)(c->nseq * d->max_pages) * sizeof(int32_t));
+  d->kpool = (double *)malloc((n ? n : 1) * sizeof(double));
+  d->vpool = (double *)malloc((n ? n : 1) * sizeof(double));
+  for (size_t e = 0; e < n; e++) d->kpool[e] = d->vpool[e] = NAN;
+  int64_t next = 0;
+  for (int s = 0; s < c->nseq; s++) {
+    const fz_seq q = fz_seq_of(c, s);
+    for (int64_t e = 0; e < d->max_pages; e++)
+      d->table[s * d->max_pages + e] = e * P < q.cap ? (int32_t)perm[next++] : -1;
+    for (int64_t j = 0; j < q.cap; j++) {
+      const size_t src = cidx(c->NK, c->HK, c->D, q.kb, q.k0 + j, 0, 0);
+      const size_t dst = (size_t)((d->table[s * d->max_pages + j / P] * P + j % P) * row);
+      memcpy(d->kpool + dst, d->k + src, (size_t)row * sizeof(double));
+      memcpy(d->vpool + dst, d->v + src, (size_t)row * sizeof(double));
+    }
+  }
+  free(perm);
 }
 
 void fz_data_free(fz_data *d) {
+  free(d->kpool);
+  free(d->vpool);
+  free(d->table);
   free(d->q);
   free(d->k);
   free(d->v);
@@ -208,6 +252,7 @@ fz_opt fz_opt_tested(const fz_case *c, const fz_dev *dev) {
   o.lse_null = c->lse_null;
   o.backward = c->backward;
   o.deterministic = c->deterministic;
+  o.paged = c->page > 0;
   o.dev = dev;
   o.label = "tested";
   return o;
@@ -282,6 +327,8 @@ void fz_run_setup(fz_run *r, const fz_case *c, const fz_data *d, const fz_opt *o
     if (t >= FZ_DO && !o->backward) continue;
     int64_t sh[4], st[3];
     shape_of(c, t, sh);
+    const int pool = o->paged && (t == FZ_K || t == FZ_V);
+    if (pool) sh[0] = d->npages, sh[1] = c->page; /* (pages, page rows, heads, d) */
     if (o->strided) {
       fz_layout_strides(&c->lay[t], sh[0], sh[1], sh[2], sh[3], st);
     } else {
@@ -291,7 +338,7 @@ void fz_run_setup(fz_run *r, const fz_case *c, const fz_data *d, const fz_opt *o
     }
     tu_tensor_make_strided(&r->t[t], o->dtype, sh[0], sh[1], sh[2], sh[3], st[0], st[1], st[2]);
     r->have[t] = 1;
-    const double *in = input_vals(d, t);
+    const double *in = pool ? (t == FZ_K ? d->kpool : d->vpool) : input_vals(d, t);
     if (in) tu_tensor_fill(&r->t[t], in);
     r->mt[t] = mirror(dev, &r->t[t].buf);
     r->desc[t] = r->t[t].t;
@@ -335,6 +382,12 @@ void fz_run_setup(fz_run *r, const fz_case *c, const fz_data *d, const fz_opt *o
     p->block_mask_stride_head = c->bsh;
     p->block_mask_stride_row = c->bsr;
   }
+  if (o->paged) {
+    r->arrays[5] = array_to_dev(dev, d->table, (size_t)(c->nseq * d->max_pages) * sizeof(int32_t));
+    p->block_table = (const int32_t *)r->arrays[5];
+    p->block_table_stride = d->max_pages;
+    p->max_pages_per_seq = d->max_pages;
+  }
   if (c->alibi) {
     r->arrays[4] = array_to_dev(dev, d->slopes, d->nslopes * sizeof(float));
     p->alibi_slopes = (const float *)r->arrays[4];
@@ -376,7 +429,7 @@ void fz_run_free(fz_run *r) {
       if (!on_host(dev)) dev->release(r->mws[w]);
       tu_buf_free(&r->ws[w]);
     }
-  for (int a = 0; a < 5; a++) {
+  for (int a = 0; a < 6; a++) {
     if (!r->arrays[a]) continue;
     if (on_host(dev))
       free(r->arrays[a]);

@@ -16,6 +16,12 @@ typedef struct fz_data {
   uint8_t *bmask;
   size_t nbmask;
   int64_t bsr; /* the block mask's row stride as the library resolves it */
+  /* a paged case: K and V as pools of npages pages (canonical (page, row, h, d), NaN in
+   * the rows no sequence owns) and the block table, max_pages entries a sequence (-1
+   * past the pages a sequence uses) */
+  double *kpool, *vpool;
+  int32_t *table;
+  int64_t npages, max_pages;
 } fz_data;
 
 void fz_data_make(fz_data *d, const fz_case *c);
@@ -41,6 +47,7 @@ typedef struct fz_opt {
   fa_dtype dtype;
   int strided; /* the case's layouts (else contiguous (B, N, H, D)) */
   int threads, workspace, lse_null, backward, deterministic;
+  int paged; /* K/V through the case's paged cache */
   const fz_dev *dev;
   const char *label;
   /* the backward's O (canonical order), in place of the forward's own: given
@@ -66,7 +73,7 @@ typedef struct fz_run {
   unsigned char *mt[FZ_NT], *mlse, *mws[2];
   fa_tensor desc[FZ_NT]; /* data: in the mirrors */
   fa_params p;
-  void *arrays[5]; /* cu_q, cu_k, seqused, block mask, slopes in the device's memory */
+  void *arrays[6]; /* cu_q, cu_k, seqused, block mask, slopes, block table on the device */
   fa_status st_wsf, st_wsb, st_fwd, st_bwd;
   int fwd_ok, bwd_ok;
   double *vals[FZ_NT];  /* outputs read back, canonical order (O: the forward's) */

@@ -63,6 +63,14 @@ void fz_layout_strides(const fz_layout *l, int64_t B, int64_t N, int64_t H, int6
   if (l->bcast) st[0] = 0;
 }
 
+/* Rows on 16-byte boundaries, as the flash kernels use tensors in place (the
+ * others go through padded copies): every stride a multiple of 8 elements. */
+static void align_rows(fz_layout *l, int64_t D) {
+  l->gap[0] = round_up(D + l->gap[0], 8) - D;
+  l->gap[1] = round_up(l->gap[1], 8);
+  l->gap[2] = round_up(l->gap[2], 8);
+}
+
 static void draw_layout(tu_rng *r, fz_layout *l, int input, int bcast_ok, int cuda, int64_t D) {
   static const int8_t orders[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2},
                                       {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
@@ -72,13 +80,7 @@ static void draw_layout(tu_rng *r, fz_layout *l, int input, int bcast_ok, int cu
   memcpy(l->order, o, 3);
   if (k >= 65)
     for (int g = 0; g < 3; g++) l->gap[g] = chance(r, 50) ? rint_(r, 0, 9) : 0;
-  if (cuda && chance(r, 50)) {
-    /* rows on 16-byte boundaries, as the flash kernels use tensors in place (the
-     * others go through padded copies): every stride a multiple of 8 elements */
-    l->gap[0] = round_up(D + l->gap[0], 8) - D;
-    l->gap[1] = round_up(l->gap[1], 8);
-    l->gap[2] = round_up(l->gap[2], 8);
-  }
+  if (cuda && chance(r, 50)) align_rows(l, D);
   l->bcast = input && bcast_ok && chance(r, 8);
 }
 
@@ -240,6 +242,8 @@ void fz_draw(fz_case *c, uint64_t seed, int cuda) {
   if (page_ok && chance(&r, 15)) {
     c->page = (int)pick(&r, pages, 5);
     c->backward = 0;
+    if (cuda) /* CUDA reads a paged cache, and its q, in place: no padded copies */
+      for (int t = FZ_Q; t <= FZ_V; t++) align_rows(&c->lay[t], c->D);
     /* a fixed-length batch's sequences hold whole pages: seqused_k keeps the keys past
      * NK unread */
     const int64_t np = (c->NK + c->page - 1) / c->page;

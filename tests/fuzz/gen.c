@@ -230,7 +230,8 @@ void fz_draw(fz_case *c, uint64_t seed, int cuda) {
    * rounding of dO V^T, are noise in every implementation, the naive one too */
   const double typical = c->qk_std * c->qk_std * fabs((double)c->scale) * sqrt((double)c->D);
   if (c->scale != 0 && typical > 4) c->scale = (float)(c->scale * 4 / typical);
-  /* a grid of one CTA up to all SMs but a few (drawn last: CPU cases keep their draws) */
+  /* a grid of one CTA up to all SMs but a few (drawn after the rest, as paged caches
+   * below: a seed's earlier draws stay what they were) */
   static const int64_t margins[] = {1, 8, 131, 1024};
   c->sm_margin = cuda && chance(&r, 20) ? (int)pick(&r, margins, 4) : 0;
   /* the tested run's K/V in a paged cache: forward only (the backward refuses it), not

@@ -200,7 +200,7 @@ static void make_pool(fz_data *d, const fz_case *c, tu_rng *r) {
     if (np > d->max_pages) d->max_pages = np;
   }
   d->npages = need + 1 + (int64_t)(tu_rng_next(r) % 3); /* a spare page at least */
-  int64_t *perm = (int64_t *)malloc((size_t)(d->npages ? d->npages : 1) * sizeof(int64_t));
+  int64_t *perm = (int64_t *)malloc((size_t)d->npages * sizeof(int64_t));
   for (int64_t i = 0; i < d->npages; i++) perm[i] = i;
   for (int64_t i = d->npages - 1; i > 0; i--) { /* Fisher-Yates */
     const int64_t j = (int64_t)(tu_rng_next(r) % (uint64_t)(i + 1)), t = perm[i];
@@ -208,8 +208,8 @@ static void make_pool(fz_data *d, const fz_case *c, tu_rng *r) {
   }
   const size_t n = (size_t)(d->npages * P * row);
   d->table = (int32_t *)malloc((size_t)(c->nseq * d->max_pages) * sizeof(int32_t));
-  d->kpool = (double *)malloc((n ? n : 1) * sizeof(double));
-  d->vpool = (double *)malloc((n ? n : 1) * sizeof(double));
+  d->kpool = (double *)malloc(n * sizeof(double));
+  d->vpool = (double *)malloc(n * sizeof(double));
   for (size_t e = 0; e < n; e++) d->kpool[e] = d->vpool[e] = NAN;
   int64_t next = 0;
   for (int s = 0; s < c->nseq; s++) {
@@ -429,7 +429,7 @@ void fz_run_free(fz_run *r) {
       if (!on_host(dev)) dev->release(r->mws[w]);
       tu_buf_free(&r->ws[w]);
     }
-  for (int a = 0; a < 6; a++) {
+  for (size_t a = 0; a < sizeof r->arrays / sizeof r->arrays[0]; a++) {
     if (!r->arrays[a]) continue;
     if (on_host(dev))
       free(r->arrays[a]);

@@ -6,7 +6,9 @@ then time against PyTorch's context parallelism, in one run.
 --check: for each case (causal, sliding window, dropout, GQA, both layouts), every rank's
 out, dq, dk, dv from flashattn.distributed.ring_flash_attn_func against the float64
 reference of the whole sequence (dropout: the library's own mask, fa_dropout_mask), within
-twice the error of single-GPU flashattn plus a floor. Exits 1 on a failure.
+twice the error of single-GPU flashattn plus a floor; and packed batches (causal, and full
+with GQA; an empty sequence among them) from ring_flash_attn_varlen_func against each
+sequence's float64 attention and single-GPU flash_attn_varlen_func. Exits 1 on a failure.
 
 Timing (B=1, H=16, D=128, bf16, causal, forward + backward, median of synchronised
 iterations, the slowest rank's time): ours on all GPUs (zig-zag; also with each
@@ -87,6 +89,71 @@ CASES = [
     ("full", dict(causal=False)),
 ]
 
+# packed sequences (ring_flash_attn_varlen_func): masks at most causal; an empty sequence
+VARLEN_CASES = [
+    ("varlen-causal", dict(causal=True)),
+    ("varlen-full-gqa4", dict(causal=False, hk=1)),
+]
+VARLEN_LENS = (300, 100, 0, 212)  # x 2 x world rows each
+
+
+def compare(name, layout, rank, got, single, ref, mine):
+    """out, dq, dk, dv of the ring (this rank's rows) against float64 (mine(ref): the same
+    rows), within twice the single-GPU error plus a floor; prints, returns the failures."""
+    failures, line = 0, []
+    for nm, x, s, r in zip(("out", "dq", "dk", "dv"), got, single, ref):
+        e, base = rel_err(x, mine(r)), rel_err(s, r)
+        lim = 2 * base + (2e-3 if nm == "out" else 4e-3)
+        ok = e <= lim
+        failures += not ok
+        line.append("%s %.2e/%.2e%s" % (nm, e, lim, "" if ok else " FAIL"))
+    if rank == 0 or failures:
+        print("check %-17s %-10s rank %d: %s" % (name, layout, rank, ", ".join(line)),
+              flush=True)
+    return failures
+
+
+def check_varlen(dev, world, rank):
+    """Packed batches on the ring against each whole sequence's float64 attention and
+    against flash_attn_varlen_func of the whole batch on one GPU."""
+    failures = 0
+    h, d = 4, 128
+    lens = [2 * world * m for m in VARLEN_LENS]
+    cu = [0]
+    for m in lens:
+        cu.append(cu[-1] + m)
+    for layout in ("zigzag", "contiguous"):
+        for name, kw in VARLEN_CASES:
+            kw = dict(kw)
+            hk = kw.pop("hk", 4)
+            g = torch.Generator(device=dev).manual_seed(13)
+            mk = lambda heads: torch.randn(cu[-1], heads, d, device=dev, generator=g,  # noqa: E731
+                                           dtype=torch.bfloat16)
+            q, k, v, do = mk(h), mk(hk), mk(hk), mk(h)
+            ql, kl, vl = (fd.shard(x, layout=layout, cu_seqlens=cu).requires_grad_()
+                          for x in (q, k, v))
+            cul = torch.tensor(cu, dtype=torch.int32) // world
+            out = fd.ring_flash_attn_varlen_func(ql, kl, vl, cul, layout=layout, **kw)
+            got = (out,) + torch.autograd.grad(out, (ql, kl, vl),
+                                               fd.shard(do, layout=layout, cu_seqlens=cu))
+            # one GPU, the whole batch
+            sq, sk, sv = (x.detach().clone().requires_grad_() for x in (q, k, v))
+            cut = torch.tensor(cu, dtype=torch.int32, device=dev)
+            so = flashattn.flash_attn_varlen_func(sq, sk, sv, cut, cut, max(lens), max(lens),
+                                                  **kw)
+            sg = torch.autograd.grad(so, (sq, sk, sv), do)
+            # float64, sequence by sequence
+            rq, rk, rv = (x.double().requires_grad_() for x in (q, k, v))
+            ro = torch.cat([ref64(rq[None, a:b], rk[None, a:b], rv[None, a:b], kw["causal"],
+                                  (-1, -1), d ** -0.5)[0]
+                            for a, b in zip(cu, cu[1:]) if b > a])
+            rg = torch.autograd.grad(ro, (rq, rk, rv), do.double())
+            rows = torch.cat([torch.arange(gr, gr + m) for _, m, gr, _ in
+                              fd._pieces(layout, cu, rank, world)]).to(dev)
+            failures += compare(name, layout, rank, got, (so,) + tuple(sg), (ro,) + tuple(rg),
+                                lambda ref: ref[rows])
+    return failures
+
 
 def check(args):
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -125,17 +192,9 @@ def check(args):
                        d ** -0.5, keep, p)
             rg = torch.autograd.grad(ro, (rq, rk, rv), do.double())
             pos = fd.shard_positions(n // world, rank, world, layout).to(dev)
-            line = []
-            for nm, x, single, ref in zip(("out", "dq", "dk", "dv"), got, (so,) + tuple(sg),
-                                          (ro,) + tuple(rg)):
-                e, base = rel_err(x, ref[:, pos]), rel_err(single, ref)
-                lim = 2 * base + (2e-3 if nm == "out" else 4e-3)
-                ok = e <= lim
-                failures += not ok
-                line.append("%s %.2e/%.2e%s" % (nm, e, lim, "" if ok else " FAIL"))
-            if rank == 0 or failures:
-                print("check %-15s %-10s rank %d: %s" % (name, layout, rank, ", ".join(line)),
-                      flush=True)
+            failures += compare(name, layout, rank, got, (so,) + tuple(sg), (ro,) + tuple(rg),
+                                lambda ref: ref[:, pos])
+    failures += check_varlen(dev, world, rank)
     fails = torch.tensor([failures], device=dev)
     dist.all_reduce(fails)
     log("check: %s" % ("all cases pass" if fails.item() == 0 else "%d FAILURES" % fails.item()))

@@ -222,7 +222,7 @@ __device__ __forceinline__ int *kv_done_of(const BwdArgs &p, int b, int hk) {
  * touched last is what the next one starts with, still in L2: the prep
  * kernel ends on the first sequence's first heads (their dO rows and zeroed dQ
  * rows), where the kv kernel begins, and the convert kernel begins on the dQ
- * rows the kv kernel reduced last (issue 7's sparse cases, whose dQ traffic
+ * rows the kv kernel reduced last (block-sparse masks, whose dQ traffic
  * does not shrink with density; docs/PERF.md). The Hopper conversion follows
  * the kv kernel's order instead (sm90::bwd_convert_kernel): it overlaps it. */
 __device__ __forceinline__ dim3 rows_block() {

@@ -63,6 +63,12 @@ static void fill(big_buf *b, fa_dtype dt, size_t n, uint64_t salt) {
   for (int64_t i = 0; i < (int64_t)n; i++) tu_store(b->h, dt, (size_t)i, hval((uint64_t)i, salt));
 }
 
+/* Element i of x: float64 tables (K and V converted once) inline, the rest through
+ * tu_load. */
+static inline double kv_at(const void *x, fa_dtype dt, size_t i) {
+  return dt == FA_DTYPE_F64 ? ((const double *)x)[i] : tu_load(x, dt, i);
+}
+
 /* One attention row in float64: keys [lo, hi) of K, V (row j at j * ldk),
  * o (D), lse; and, with dout, dq (D) and the row's dS and P (for dK, dV). */
 static double ref_row(const double *q, const void *k, const void *v, fa_dtype dt, int64_t ldk,
@@ -70,7 +76,7 @@ static double ref_row(const double *q, const void *k, const void *v, fa_dtype dt
   double m = -INFINITY, l = 0;
   for (int64_t j = lo; j < hi; j++) {
     double s = 0;
-    for (int d = 0; d < BIG_D; d++) s += q[d] * tu_load(k, dt, (size_t)(j * ldk + d));
+    for (int d = 0; d < BIG_D; d++) s += q[d] * kv_at(k, dt, (size_t)(j * ldk + d));
     p[j - lo] = s * scale;
     if (p[j - lo] > m) m = p[j - lo];
   }
@@ -78,7 +84,7 @@ static double ref_row(const double *q, const void *k, const void *v, fa_dtype dt
   for (int d = 0; d < BIG_D; d++) o[d] = 0;
   for (int64_t j = lo; j < hi; j++) {
     p[j - lo] /= l;
-    for (int d = 0; d < BIG_D; d++) o[d] += p[j - lo] * tu_load(v, dt, (size_t)(j * ldk + d));
+    for (int d = 0; d < BIG_D; d++) o[d] += p[j - lo] * kv_at(v, dt, (size_t)(j * ldk + d));
   }
   return m + log(l);
 }
@@ -263,11 +269,15 @@ static int big_q(const fz_dev *dev, int backward, int verbose) {
   for (int i = 0; i < 8; i++) rows[nr++] = fixed[i];
   for (; nr < 64; nr++) rows[nr] = (int64_t)(fz_mix(99, (uint64_t)nr) % (uint64_t)NQ);
   const double scale = (float)(1.0 / sqrt((double)D));
+  /* the reference reads K and V (16 keys) as float64, converted once: the backward's
+   * reference visits every one of the 2^24 rows */
+  double kd[16 * BIG_D], vd[16 * BIG_D];
+  for (size_t e = 0; e < nkv; e++) kd[e] = tu_load(k.h, dt, e), vd[e] = tu_load(v.h, dt, e);
   double ref[BIG_D], qr[BIG_D], p[16];
   for (int r = 0; r < nr && !failures; r++) {
     const int64_t i = rows[r];
     for (int64_t d = 0; d < D; d++) qr[d] = tu_load(q.h, dt, (size_t)(i * D + d));
-    const double l = ref_row(qr, k.h, v.h, dt, D, 0, NK, scale, ref, p);
+    const double l = ref_row(qr, kd, vd, FA_DTYPE_F64, D, 0, NK, scale, ref, p);
     if (!row_ok(ref, o.h, dt, (size_t)(i * D), 0))
       failures += big_fail("Q/O: O of row %lld off (first element %g, reference %g)", (long long)i,
                            tu_load(o.h, dt, (size_t)(i * D)), ref[0]);
@@ -302,11 +312,11 @@ static int big_q(const fz_dev *dev, int backward, int verbose) {
           q_[d] = tu_load(q.h, dt, (size_t)(i * D + d));
           do_[d] = tu_load(dout.h, dt, (size_t)(i * D + d));
         }
-        ref_row(q_, k.h, v.h, dt, D, 0, NK, scale, o_, pp);
+        ref_row(q_, kd, vd, FA_DTYPE_F64, D, 0, NK, scale, o_, pp);
         for (int64_t d = 0; d < D; d++) di += do_[d] * o_[d];
         for (int64_t j = 0; j < NK; j++) {
           dp[j] = 0;
-          for (int64_t d = 0; d < D; d++) dp[j] += do_[d] * tu_load(v.h, dt, (size_t)(j * D + d));
+          for (int64_t d = 0; d < D; d++) dp[j] += do_[d] * vd[j * D + d];
           const double ds = pp[j] * (dp[j] - di) * scale;
           for (int64_t d = 0; d < D; d++) {
             mine[j * D + d] += ds * q_[d];
@@ -336,13 +346,13 @@ static int big_q(const fz_dev *dev, int backward, int verbose) {
         do_[d] = tu_load(dout.h, dt, (size_t)(i * D + d));
         dqr[d] = 0;
       }
-      ref_row(qr, k.h, v.h, dt, D, 0, NK, scale, ref, p);
+      ref_row(qr, kd, vd, FA_DTYPE_F64, D, 0, NK, scale, ref, p);
       for (int64_t d = 0; d < D; d++) di += do_[d] * ref[d];
       for (int64_t j = 0; j < NK; j++) {
         double dp = 0;
-        for (int64_t d = 0; d < D; d++) dp += do_[d] * tu_load(v.h, dt, (size_t)(j * D + d));
+        for (int64_t d = 0; d < D; d++) dp += do_[d] * vd[j * D + d];
         const double ds = p[j] * (dp - di) * scale;
-        for (int64_t d = 0; d < D; d++) dqr[d] += ds * tu_load(k.h, dt, (size_t)(j * D + d));
+        for (int64_t d = 0; d < D; d++) dqr[d] += ds * kd[j * D + d];
       }
       if (!row_ok(dqr, dq.h, dt, (size_t)(i * D), 1))
         failures += big_fail("Q/O: dQ of row %lld off (first element %g, reference %g)",

@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -94,3 +95,28 @@ def test_version():
     assert flashattn.version() == flashattn.__version__
     assert flashattn.device_available("cpu")
     assert isinstance(flashattn.cuda_available(), bool)
+
+
+def test_operators_share_the_cpp_runtime():
+    """flashattn._C uses the libstdc++ torch runs with. A copy of its own (a toolchain that
+    links libstdc++ statically) binds partly to the process's copy and crashed formatting
+    error messages when the two differed in version."""
+    from flashattn import _ops
+    if _ops._C is None or not sys.platform.startswith("linux"):
+        pytest.skip("needs the compiled operators (flashattn._C) on Linux")
+    name = "_ZNSo9_M_insertIlEERSoT_"  # std::ostream::_M_insert<long>, formats an int64
+    try:
+        addr = ctypes.cast(getattr(ctypes.CDLL(_ops._C.__file__), name), ctypes.c_void_p).value
+    except AttributeError:
+        pytest.skip("no libstdc++ among the module's libraries (another C++ runtime)")
+
+    class DlInfo(ctypes.Structure):
+        _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p),
+                    ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
+
+    info = DlInfo()
+    assert ctypes.CDLL(None).dladdr(ctypes.c_void_p(addr), ctypes.byref(info))
+    where = os.path.basename(info.fname.decode())
+    assert where.startswith("libstdc++"), (
+        "%s defines its own %s (from %s): it carries a static libstdc++; link the shared one"
+        % (_ops._C.__file__, name, where))

@@ -290,7 +290,8 @@ class _Ring:
         self.group = group
         self.world, self.rank = _group_size_rank(group)
         glob = dist.get_global_rank if group is not None else (lambda g, r: r)
-        self.next = glob(group, (self.rank + 1) % self.world)
+        self.next_index = (self.rank + 1) % self.world  # in the group
+        self.next = glob(group, self.next_index)
         self.prev = glob(group, (self.rank - 1) % self.world)
 
     def exchange(self, send, recv, backward=False):
@@ -414,6 +415,18 @@ def _ring_forward(q, k, v, a, ring):
     return acc.to(q.dtype), lse_acc, kv
 
 
+def _wire_dtype(a, n, ring, t, rank, dtype):
+    """The dtype of the dK/dV sums that `rank` sends after backward step t. At step 0 they
+    hold that rank's own terms alone: the inputs' dtype for at most one term (no rounding),
+    float32 for more; later they also hold the sums that came in, always float32. Every
+    rank derives it from the plan alike, so each receives the dtype its neighbour sends
+    (the number of terms differs between ranks)."""
+    if t > 0:
+        return torch.float32
+    own = _plan(a, n, rank, (rank + 1) % ring.world, ring.world)
+    return dtype if len(own) <= 1 else torch.float32
+
+
 def _ring_backward(dout, q, k, v, kv, out, lse, a, ring):
     """The forward's steps in reverse ring order: step t holds the K/V block of rank
     r + 1 + t, starting from kv (the forward's last block: no transfer) and ending with
@@ -449,11 +462,12 @@ def _ring_backward(dout, q, k, v, kv, out, lse, a, ring):
         for j, (rk, gk, gv) in enumerate(mine):
             final = t == last and j == len(mine) - 1
             dk.add(rk, gk, last=final), dv.add(rk, gv, last=final)
-        if t < last:  # on to the previous rank, in the sums' dtype
-            send = (dk.result(dk.t.dtype if dk.t is not None else k.dtype),
-                    dv.result(dv.t.dtype if dv.t is not None else v.dtype))
+        if t < last:  # on to the previous rank
+            wire = _wire_dtype(a, n, ring, t, ring.rank, k.dtype)
+            send = (dk.result(wire), dv.result(wire))
             if COMMUNICATE:
-                dkv_in = tuple(torch.empty_like(x) for x in send)
+                wire = _wire_dtype(a, n, ring, t, ring.next_index, k.dtype)
+                dkv_in = tuple(torch.empty_like(x, dtype=wire) for x in send)
                 dkv_works = ring.exchange(send, dkv_in, backward=True)
             else:
                 dkv_in, dkv_works = None, None

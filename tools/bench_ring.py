@@ -224,6 +224,37 @@ def timed(fn, iters, warmup):
     return statistics.median(ts), ts
 
 
+def one_gpu(n, h, d, dev, iters, warm):
+    """Median ms of ours on this GPU over the whole sequence; None when it does not fit."""
+    try:
+        g1 = torch.Generator(device=dev).manual_seed(9)
+        q1, k1, v1, do1 = (torch.randn(1, n, h, d, device=dev, generator=g1,
+                                       dtype=torch.bfloat16) for _ in range(4))
+        q1.requires_grad_(), k1.requires_grad_(), v1.requires_grad_()
+
+        def single():
+            o = flashattn.flash_attn_func(q1, k1, v1, causal=True)
+            o.backward(do1)
+
+        for _ in range(warm):
+            single()
+        ts = []
+        for _ in range(iters):
+            torch.cuda.synchronize()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            single()
+            e1.record()
+            torch.cuda.synchronize()
+            ts.append(e0.elapsed_time(e1))
+        return statistics.median(ts)
+    except torch.OutOfMemoryError as e:
+        log("N=%d on one GPU: out of memory: %s" % (n, str(e).splitlines()[0][:200]))
+        return None
+    finally:
+        torch.cuda.empty_cache()
+
+
 def bench(args, n, results):
     world, rank = dist.get_world_size(), dist.get_rank()
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -239,10 +270,10 @@ def bench(args, n, results):
     ql, kl, vl, dol = (mk(nl) for _ in range(4))
     ql.requires_grad_(), kl.requires_grad_(), vl.requires_grad_()
 
-    margin = None
+    margin, group = None, None
 
     def ours():
-        out = fd.ring_flash_attn_func(ql, kl, vl, causal=True, sm_margin=margin)
+        out = fd.ring_flash_attn_func(ql, kl, vl, group=group, causal=True, sm_margin=margin)
         out.backward(dol)
 
     torch.cuda.synchronize()
@@ -258,6 +289,7 @@ def bench(args, n, results):
     torch.cuda.synchronize()
     io = 4 * ql.numel() * ql.element_size()  # out, dq, dk, dv
     row["extra_mib"] = (torch.cuda.max_memory_allocated() - base - io) / 2 ** 20
+    row["peak_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20  # inputs included
     row["qkv_shard_mib"] = ql.numel() * ql.element_size() / 2 ** 20
     ql.grad = kl.grad = vl.grad = None
 
@@ -267,6 +299,16 @@ def bench(args, n, results):
     for margin in args.sm_margins:
         row["by_sm_margin"][margin], _ = timed(ours, iters, 1)
     margin = None
+
+    # NCCL's kernels on a high-priority stream: their CTAs go ahead of the queued CTAs
+    # of a non-persistent attention grid (the backward's) as SMs free up
+    if args.high_priority:
+        opts = dist.ProcessGroupNCCL.Options()
+        opts.is_high_priority_stream = True
+        group = dist.new_group(backend="nccl", pg_options=opts)
+        row["ours_high_priority_ms"], _ = timed(ours, iters, warm)
+        dist.destroy_process_group(group)
+        group = None
 
     fd.COMMUNICATE = False
     row["compute_ms"], _ = timed(ours, iters, 1)
@@ -293,17 +335,20 @@ def bench(args, n, results):
     row["bwd_bytes"] = (world - 2) * kvb + kvb + (world - 2) * 2 * kvb
     del ring, kv, kv32
 
-    # the anchor: PyTorch context parallelism around SDPA
+    # the anchor: PyTorch context parallelism around SDPA (each GPU first holds the whole
+    # q, k, v and dout, 4 GiB each at 1M: our cached blocks are released first)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel
     from torch.nn.attention import SDPBackend, sdpa_kernel
     mesh = init_device_mesh("cuda", (world,))
-    gq = torch.Generator(device=dev).manual_seed(5)
-    full = [torch.randn(b, h, n, d, device=dev, generator=gq, dtype=torch.bfloat16)
-            for _ in range(4)]
+    torch.cuda.empty_cache()
     for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION),
                           ("flash", SDPBackend.FLASH_ATTENTION)):
-        bufs = [x.clone() for x in full]
+        if name not in args.anchors:
+            continue
+        gq = torch.Generator(device=dev).manual_seed(5)
+        bufs = [torch.randn(b, h, n, d, device=dev, generator=gq, dtype=torch.bfloat16)
+                for _ in range(4)]
         try:
             with sdpa_kernel(backend), context_parallel(mesh, buffers=bufs,
                                                         buffer_seq_dims=[2, 2, 2, 2],
@@ -319,34 +364,13 @@ def bench(args, n, results):
             row["torch_cp_%s_ms" % name] = None
             log("anchor %s failed: %s" % (name, str(e).splitlines()[0][:200]))
         del bufs
-    del full
+        torch.cuda.empty_cache()
 
     # ours on one GPU, the whole sequence (rank 0; the others wait)
     torch.cuda.empty_cache()
     one = None
     if rank == 0 and not args.skip_one_gpu:
-        g1 = torch.Generator(device=dev).manual_seed(9)
-        q1, k1, v1, do1 = (torch.randn(b, n, h, d, device=dev, generator=g1,
-                                       dtype=torch.bfloat16) for _ in range(4))
-        q1.requires_grad_(), k1.requires_grad_(), v1.requires_grad_()
-
-        def single():
-            o = flashattn.flash_attn_func(q1, k1, v1, causal=True)
-            o.backward(do1)
-
-        for _ in range(warm):
-            single()
-        ts = []
-        for _ in range(iters):
-            torch.cuda.synchronize()
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            single()
-            e1.record()
-            torch.cuda.synchronize()
-            ts.append(e0.elapsed_time(e1))
-        one = statistics.median(ts)
-        del q1, k1, v1, do1
+        one = one_gpu(n, h, d, dev, iters, warm)
     dist.barrier()
     row["ours_1gpu_ms"] = one
     if one:
@@ -368,6 +392,10 @@ def main():
     ap.add_argument("--skip-one-gpu", action="store_true")
     ap.add_argument("--sm-margins", type=int, nargs="*", default=[0, 2, 4, 16],
                     help="also time ours with these sm_margin values")
+    ap.add_argument("--high-priority", action="store_true",
+                    help="also time ours over a group whose NCCL stream has high priority")
+    ap.add_argument("--anchors", nargs="*", default=["cudnn", "flash"],
+                    help="PyTorch CP backends to time (cudnn, flash)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--cpu", action="store_true", help="--check on CPU processes (gloo)")
     args = ap.parse_args()
@@ -393,17 +421,19 @@ def main():
         print("\n%s, %d GPUs, B1 H%d D%d bf16 causal fwd+bwd, %s" % (
             torch.cuda.get_device_name(), dist.get_world_size(), args.heads, args.headdim,
             time.strftime("%Y-%m-%d")))
-        print("| N | ours ms | torch CP cuDNN | torch CP flash | ours 1 GPU | scaling | "
-              "compute only | transfers alone | exposed | hidden | extra MiB/GPU |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        print("| N | ours ms | ours, NCCL high priority | torch CP cuDNN | torch CP flash | "
+              "ours 1 GPU | scaling | compute only | transfers alone | exposed | hidden | "
+              "extra MiB/GPU | peak MiB/GPU |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         f = lambda x: "-" if x is None else "%.1f" % x  # noqa: E731
         for r in results:
-            print("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %.2f | %.0f |" % (
-                r["seqlen"], f(r["ours_ms"]), f(r.get("torch_cp_cudnn_ms")),
-                f(r.get("torch_cp_flash_ms")), f(r.get("ours_1gpu_ms")),
+            print("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.2f | %.0f | %.0f |" % (
+                r["seqlen"], f(r["ours_ms"]), f(r.get("ours_high_priority_ms")),
+                f(r.get("torch_cp_cudnn_ms")), f(r.get("torch_cp_flash_ms")),
+                f(r.get("ours_1gpu_ms")),
                 "-" if r.get("scaling") is None else "%.2f" % r["scaling"],
                 f(r["compute_ms"]), f(r["comm_ms"]), f(r["exposed_comm_ms"]),
-                r["hidden_frac"], r["extra_mib"]))
+                r["hidden_frac"], r["extra_mib"], r["peak_mib"]))
         if args.sm_margins:
             print("\nours (ms) by sm_margin (the default, %d, in the table above):"
                   % fd.SM_MARGIN)

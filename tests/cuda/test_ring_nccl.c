@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../ring_rows.h"
 #include "flashattn.h"
@@ -134,6 +135,12 @@ static void *rank_main(void *arg) {
   return NULL;
 }
 
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 static double rel(const uint16_t *x, const double *r, size_t n, int *nan) {
   double a = 0, b = 0;
   for (size_t i = 0; i < n; i++) {
@@ -204,10 +211,12 @@ int main(void) {
   int devs[MAXW];
   for (int i = 0; i < W; i++) devs[i] = i;
   ncclComm_t comms[MAXW];
+  const double t_init = now();
   if (ncclCommInitAll(comms, W, devs) != ncclSuccess) {
     printf("FAIL ncclCommInitAll\n");
     return 1;
   }
+  printf("ncclCommInitAll over %d GPUs: %.1f s\n", W, now() - t_init);
   int fails = 0;
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
     cfg cw = cases[ci];
@@ -227,6 +236,7 @@ int main(void) {
       got[i] = malloc(2 * sz[i]), one[i] = malloc(2 * sz[i]);
       ref[i] = malloc(8 * sz[i]);
     }
+    const double t0 = now();
     job jobs[MAXW];
     pthread_t th[MAXW];
     for (int r = 0; r < W; r++) {
@@ -242,7 +252,11 @@ int main(void) {
         ok = 0;
       }
     const uint16_t *const ins[4] = {in[0], in[1], in[2], in[3]};
-    if (ok && (!whole(c, W, 0, ins, ref, NULL) || !whole(c, W, 1, ins, NULL, one))) ok = 0;
+    const double t1 = now();
+    if (ok && !whole(c, W, 0, ins, ref, NULL)) ok = 0;
+    const double t2 = now();
+    if (ok && !whole(c, W, 1, ins, NULL, one)) ok = 0;
+    const double t3 = now();
     if (ok) {
       const char *names[4] = {"O", "dQ", "dK", "dV"};
       char line[512];
@@ -256,7 +270,8 @@ int main(void) {
         at += snprintf(line + at, sizeof line - (size_t)at, " %s %.2e/%.2e%s", names[i], e, tol,
                        good ? "" : " FAIL");
       }
-      printf("%s %s:%s (%d GPUs)\n", ok ? "ok  " : "FAIL", c->name, line, W);
+      printf("%s %s:%s (%d GPUs; ring %.1f s, float64 reference %.1f s, one GPU %.1f s)\n",
+             ok ? "ok  " : "FAIL", c->name, line, W, t1 - t0, t2 - t1, t3 - t2);
     }
     fails += !ok;
     for (int i = 0; i < 4; i++) free(in[i]), free(got[i]), free(one[i]), free(ref[i]);

@@ -347,6 +347,33 @@ static void t_ring_validation(const void *arg) {
   free(ws);
 }
 
+/* A configuration drawn from the case's name: ranks, layout, shape, mask, window,
+ * ALiBi, softcap and dropout in combinations the tables above do not list. */
+static rcfg rt_draw(const char *name) {
+  tu_rng r;
+  tu_rng_seed(&r, tu_hash_str(name));
+#define PICK(k) ((int)(tu_rng_next(&r) % (uint64_t)(k)))
+  rcfg c = {0};
+  c.W = 1 + PICK(RT_MAXW);
+  c.layout = PICK(2) ? FA_RING_CONTIGUOUS : FA_RING_ZIGZAG;
+  c.B = 1 + PICK(2);
+  c.H = 1 << PICK(3);                   /* 1, 2, 4 */
+  c.Hk = c.H >> PICK(c.H == 1 ? 1 : 2); /* GQA at times */
+  c.D = 8 * (1 + PICK(5));
+  c.p = PICK(4) ? 0.0f : 0.1f + 0.2f * (float)tu_rng_uniform(&r);
+  c.n = c.p > 0 ? 8 * (1 + PICK(5)) : 2 * (1 + PICK(24)); /* dropout: chunks of 4 rows */
+  c.causal = PICK(2);
+  if (PICK(5) < 2) {
+    c.window = 1;
+    c.wl = PICK(3) ? PICK(3 * c.n) : -1;
+    c.wr = c.causal ? -1 : PICK(3) ? PICK(2 * c.n) : -1;
+  }
+  c.softcap = PICK(5) ? 0.0f : 1.0f + 4.0f * (float)tu_rng_uniform(&r);
+  c.alibi = PICK(5) == 0;
+#undef PICK
+  return c;
+}
+
 void register_ring_tests(void) {
   tr_add("ring/validation", t_ring_validation, NULL, 0, 0);
   char name[160];
@@ -375,4 +402,14 @@ void register_ring_tests(void) {
       snprintf(name, sizeof name, "ring/w%d/%s/causal/alibi/softcap", W, ln);
       tr_add(name, t_ring_case, &a, sizeof a, 0);
     }
+  for (int i = 0; i < 400; i++) {
+    snprintf(name, sizeof name, "ring/drawn/%03d", i);
+    const rcfg d = rt_draw(name);
+    snprintf(name + strlen(name), sizeof name - strlen(name),
+             "/w%d/%s/B%d/H%d/Hk%d/n%d/D%d%s%s%s%s%s", d.W,
+             d.layout == FA_RING_ZIGZAG ? "zigzag" : "contiguous", d.B, d.H, d.Hk, d.n, d.D,
+             d.causal ? "/causal" : "", d.window ? "/window" : "", d.softcap > 0 ? "/softcap" : "",
+             d.alibi ? "/alibi" : "", d.p > 0 ? "/dropout" : "");
+    tr_add(name, t_ring_case, &d, sizeof d, 0);
+  }
 }

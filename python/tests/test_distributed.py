@@ -37,9 +37,9 @@ VARLEN_CASES = [
 ]
 
 
-def _case_inputs(world, hk, dtype, seed):
+def _case_inputs(world, hk, dtype, seed, rows=16):
     g = torch.Generator().manual_seed(seed)
-    b, n, h, d = 2, 16 * world, 2, 16  # 16 rows a rank: zig-zag chunks of 8
+    b, n, h, d = 2, rows * world, 2, 16  # 16 rows a rank by default: zig-zag chunks of 8
     mk = lambda heads: torch.randn(b, n, heads, d, generator=g).to(dtype)  # noqa: E731
     return mk(h), mk(hk), mk(hk), mk(h)
 
@@ -49,9 +49,10 @@ def _run_case(name, kw, layout, dtype, rank, world, group, seed=None):
     from flashattn import distributed as fd
 
     kw = dict(kw)
-    hk = kw.pop("hk", 2)
+    hk, rows = kw.pop("hk", 2), kw.pop("rows", 16)
     alibi = torch.tensor([0.25, 0.5]) if kw.pop("alibi", False) else None
-    q, k, v, dout = _case_inputs(world, hk, dtype, len(name) * 7 + world if seed is None else seed)
+    q, k, v, dout = _case_inputs(world, hk, dtype, len(name) * 7 + world if seed is None else seed,
+                                 rows)
     seed = 1234 if kw.get("dropout_p", 0) else None
     # the ring, on this rank's shard
     ql, kl, vl = (fd.shard(x, group, layout=layout).requires_grad_() for x in (q, k, v))
@@ -203,10 +204,11 @@ def _random_cases(seed, count):
     cases = []
     for i in range(count):
         causal = r.random() < 0.6
-        kw = dict(causal=causal, hk=r.choice((1, 2)))
+        rows = 2 * r.randrange(1, 13)
+        kw = dict(causal=causal, hk=r.choice((1, 2)), rows=rows)
         if r.random() < 0.4:
-            kw["window_size"] = (r.choice((-1, r.randrange(0, 40))),
-                                 -1 if causal else r.choice((-1, r.randrange(0, 24))))
+            kw["window_size"] = (r.choice((-1, r.randrange(0, 3 * rows))),
+                                 -1 if causal else r.choice((-1, r.randrange(0, 2 * rows))))
         if r.random() < 0.2:
             kw["alibi"] = True
         if r.random() < 0.2:
@@ -215,6 +217,7 @@ def _random_cases(seed, count):
             kw["softmax_scale"] = r.uniform(0.1, 0.5)
         if r.random() < 0.2:
             kw["dropout_p"] = r.uniform(0.1, 0.3)
+            kw["rows"] = 8 * r.randrange(1, 4)  # chunks of a multiple of 4 rows
         elif r.random() < 0.2:
             kw["deterministic"] = True
         cases.append(("random-%d-%d" % (seed, i), kw, r.choice(LAYOUTS),
@@ -266,7 +269,7 @@ def test_ring_random(world, tmp_path):
     import time
     seed = int(os.environ.get("FLASHATTN_RING_SEED", time.time_ns() % 1000003))
     print("FLASHATTN_RING_SEED=%d" % seed)  # shown with a failure
-    _spawn(world, tmp_path, None, None, _random_worker, (seed, 24 if world == 3 else 12))
+    _spawn(world, tmp_path, None, None, _random_worker, (seed, 60 if world == 3 else 30))
 
 
 def test_shard_positions():

@@ -108,15 +108,15 @@ def _run_case(name, kw, layout, dtype, rank, world, group, seed=None):
             what, nm, rel_err(gl, gr[:, pos]))
 
 
-def _run_varlen_case(name, kw, layout, rank, world, group):
+def _run_varlen_case(name, kw, layout, rank, world, group, lens=None, seed=None):
     """A packed batch (an empty sequence among them) on the ring against the float64
     reference of each whole sequence, and against single-process packed attention."""
     from flashattn import distributed as fd
 
     kw = dict(kw)
     hk = kw.pop("hk", 2)
-    g = torch.Generator().manual_seed(len(name) * 11 + world)
-    lens = [2 * world * m for m in (3, 1, 0, 2)]
+    g = torch.Generator().manual_seed(len(name) * 11 + world if seed is None else seed)
+    lens = lens or [2 * world * m for m in (3, 1, 0, 2)]
     cu = [0]
     for m in lens:
         cu.append(cu[-1] + m)
@@ -231,6 +231,19 @@ def _random_worker(rank, world, init, seed, count, results):
     try:
         for i, (name, kw, layout, dtype) in enumerate(_random_cases(seed, count)):
             _run_case(name, kw, layout, dtype, rank, world, None, seed=seed + i)
+        import random
+        r = random.Random(seed)
+        for i in range(count // 4):  # packed batches: masks at most causal
+            kw = dict(causal=r.random() < 0.6, hk=r.choice((1, 2)))
+            if r.random() < 0.3:
+                kw["softcap"] = r.uniform(1.0, 5.0)
+            if r.random() < 0.3:
+                kw["deterministic"] = True
+            lens = [2 * world * r.randrange(0, 5) for _ in range(r.randrange(1, 5))]
+            if sum(lens) == 0:
+                lens[0] = 2 * world
+            _run_varlen_case("random-varlen-%d-%d" % (seed, i), kw, r.choice(LAYOUTS), rank,
+                             world, None, lens, seed + 1000 + i)
         results.put((rank, count))
     finally:
         dist.destroy_process_group()

@@ -303,7 +303,10 @@ typedef struct fa_kvcache {
    * x2 cos) with cos, sin = cos[p][c], sin[p][c] of pair c: pairs of
    * adjacent columns (2c, 2c + 1) when rotary_interleaved (GPT-J), else of
    * columns (c, c + rotary_dim / 2) (GPT-NeoX). The positions used must be
-   * < rotary_seqlen: it is at least the cache's rows. */
+   * < rotary_seqlen: it is at least the cache's rows, and covers the query
+   * rows' positions when they exceed them (more query rows than new keys; on
+   * CUDA, where the host does not read cache_seqlens, such positions are
+   * clamped to the table's last row). */
   const void *rotary_cos, *rotary_sin;
   int64_t rotary_seqlen, rotary_dim, rotary_stride;
   int rotary_interleaved;

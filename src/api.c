@@ -271,6 +271,12 @@ static int64_t kv_capacity(const fa_params *p, const fa_tensor *k) {
   return p->block_table ? p->max_pages_per_seq * k->seqlen : k->seqlen;
 }
 
+/* Whether the KV-cache call rotates query row i to position cache_seqlens + i
+ * (a causal mask or a window with a bound), else every row to cache_seqlens. */
+static int kv_rotary_all_rows(const fa_params *p) {
+  return p->causal || (p->window_enabled && (p->window_left >= 0 || p->window_right >= 0));
+}
+
 /* A paged KV cache's table shape (the entries are checked in make_problem,
  * once the keys each sequence reads are known). */
 static fa_status check_paged(const fa_params *p, const fa_tensor *k) {
@@ -452,6 +458,12 @@ static fa_status check_kvcache(const fa_params *p, const fa_kvcache *kv, const f
           "cache's %lld rows less the %lld new ones)",
           (long long)b, (long long)sl, (long long)lp, (long long)(cap - nnew), (long long)cap,
           (long long)nnew);
+    /* the new keys' positions end before cap; query rows may go further */
+    if (kv->rotary_cos && kv_rotary_all_rows(p) && sl + q->seqlen > kv->rotary_seqlen)
+      return FA_INVALID("kv.rotary_seqlen %lld is too short for the queries of batch entry %lld: "
+                        "its last row takes position cache_seqlens[%lld] + %lld = %lld",
+                        (long long)kv->rotary_seqlen, (long long)b, (long long)b,
+                        (long long)(q->seqlen - 1), (long long)(sl + q->seqlen - 1));
   }
   return FA_OK;
 }
@@ -555,8 +567,7 @@ static fa_status make_problem(fa_pass pass, const fa_params *p, const fa_tensor 
     pb->k_batch = kv->cache_batch_idx;
     pb->q_in = *q;
     if (kv->k_new) pb->k_new = *kv->k_new, pb->v_new = *kv->v_new;
-    pb->rotary_all_rows =
-        p->causal || (p->window_enabled && (p->window_left >= 0 || p->window_right >= 0));
+    pb->rotary_all_rows = kv_rotary_all_rows(p);
   }
   if (pb->varlen) {
     pb->batch = p->num_seqs;

@@ -267,6 +267,7 @@ static void m_rot_no_new(kvv *s) { s->kv.k_new = s->kv.v_new = NULL; }
 static void m_rot_odd(kvv *s) { s->kv.rotary_dim = 5; }
 static void m_rot_wide(kvv *s) { s->kv.rotary_dim = VD + 2; }
 static void m_rot_short(kvv *s) { s->kv.rotary_seqlen = VPPS * VP - 1; }
+static void m_rot_qrows(kvv *s) { s->used[1] = VPPS * VP - VNEW; } /* q rows reach cap */
 static void m_rot_stride(kvv *s) { s->kv.rotary_stride = 3; }
 static void m_rot_sin(kvv *s) { s->kv.rotary_sin = NULL; }
 static void m_leftpad_paged(kvv *s) { s->kv.cache_leftpad = s->lp; }
@@ -350,6 +351,8 @@ static void validation_cases(void) {
       {"rotary-dim-odd", "rotary_dim", 1, FA_ERR_INVALID_ARGUMENT, m_rot_odd},
       {"rotary-dim-wide", "rotary_dim", 1, FA_ERR_INVALID_ARGUMENT, m_rot_wide},
       {"rotary-seqlen-short", "rotary_seqlen", 1, FA_ERR_INVALID_ARGUMENT, m_rot_short},
+      {"rotary-seqlen-short-for-queries", "rotary_seqlen", 1, FA_ERR_INVALID_ARGUMENT,
+       m_rot_qrows},
       {"rotary-stride", "rotary_stride", 1, FA_ERR_INVALID_ARGUMENT, m_rot_stride},
       {"rotary-sin-missing", "rotary_sin", 1, FA_ERR_INVALID_ARGUMENT, m_rot_sin},
       {"leftpad-with-table", "cache_leftpad", 1, FA_ERR_INVALID_ARGUMENT, m_leftpad_paged},

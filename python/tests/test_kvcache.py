@@ -1,5 +1,6 @@
 """flash_attn_with_kvcache (CPU): a padded KV cache whose rows past the used keys hold
 NaN, against the float64 reference on each sequence's used keys alone."""
+import os
 import zlib
 
 import numpy as np
@@ -212,7 +213,7 @@ class _Case:
             self.k = self.v = None
         if rotary:
             rd = d if rotary == "full" else rotary
-            ang = rng.uniform(0, 2 * np.pi, size=(cap + 5, rd // 2))
+            ang = rng.uniform(0, 2 * np.pi, size=(cap + nq, rd // 2))  # every q position
             self.cos, self.sin = np.cos(ang).astype(f), np.sin(ang).astype(f)
         else:
             self.cos = self.sin = None
@@ -332,6 +333,49 @@ def test_leftpad_and_batch_idx(kind, feature):
 def test_num_splits_and_algorithms(kind, num_splits, algorithm):
     _Case(5, nq=2, nnew=2, page=64, causal=True, rotary="full").check(
         kind, num_splits=num_splits, algorithm=algorithm)
+
+
+def _drawn(r):
+    """One _Case's arguments drawn from r (random.Random): every feature in combination."""
+    hk = r.choice((1, 2, 3))
+    kw = dict(b=r.randint(1, 4), nq=r.randint(1, 7), hk=hk, hq=hk * r.choice((1, 2, 4)),
+              d=r.choice((8, 16, 24, 32, 40, 64)), cap=r.randint(1, 200),
+              page=r.choice((None, None, 16, 32, 64, 256)), causal=r.random() < 0.5)
+    kw["nnew"] = r.randint(0, min(kw["cap"], 6))
+    if kw["nnew"] and r.random() < 0.5:
+        kw["rotary"] = r.choice(("full", 2 * r.randint(1, kw["d"] // 2)))
+        kw["interleaved"] = r.random() < 0.5
+    if kw["page"] is None:
+        kw["leftpad"], kw["batch_idx"] = r.random() < 0.3, r.random() < 0.3
+    if r.random() < 0.3:
+        kw["window"] = (r.choice((-1, r.randint(0, 60))),
+                        -1 if kw["causal"] else r.choice((-1, r.randint(0, 20))))
+    if r.random() < 0.2:
+        kw["softcap"] = r.uniform(1.0, 8.0)
+    kw["alibi"] = r.random() < 0.2
+    if r.random() < 0.3:
+        kw["scale"] = r.uniform(0.05, 0.5)
+    run = dict(num_splits=r.choice((0, 0, 1, 2, 5)),
+               algorithm=r.choice(("flash2", "flash2", "flash1", "standard")))
+    return kw, run
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_kvcache_drawn(kind):
+    """Drawn combinations of the call's features (shapes, pages, append, rotary, left
+    padding, batch index, masks, softcap, ALiBi, splits, algorithms); FLASHATTN_KV_SEED
+    replays a run, whose seed a failure prints."""
+    import random
+    import time
+    seed = int(os.environ.get("FLASHATTN_KV_SEED", time.time_ns() % 1000003))
+    r = random.Random(seed)
+    for i in range(60):
+        kw, run = _drawn(r)
+        try:
+            _Case(seed * 100 + i, **kw).check(kind, **run)
+        except Exception as e:
+            raise AssertionError("FLASHATTN_KV_SEED=%d, case %d: %r %r: %s"
+                                 % (seed, i, kw, run, e)) from e
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -472,6 +516,10 @@ def _bad_calls(kind):
         (ValueError, "same shape", dict(rotary_sin=cos[:, :4])),
         (flashattn.InvalidArgumentError, "rotary_seqlen", dict(rotary_cos=cos[:10],
                                                                 rotary_sin=cos[:10])),
+        # three query rows after two new keys in a full cache: the last takes position cap
+        (flashattn.InvalidArgumentError, "rotary_seqlen",
+         dict(q=conv(np.concatenate([c.q, c.q[:, :1]], axis=1)), cache_seqlens=c.cap - 2,
+              rotary_cos=cos[:c.cap], rotary_sin=cos[:c.cap])),
         (ValueError, "rotary", dict(k=None, v=None)),
         (ValueError, "together", dict(v=None)),
         (TypeError, "dtype", dict(k=base["k"].astype(f16) if kind == "numpy"

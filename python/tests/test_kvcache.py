@@ -459,6 +459,45 @@ def test_varlen_block_table(kind, page, causal):
     assert_close(out, eout, TOL_F32, "out")
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_varlen_block_table_drawn(kind):
+    """Drawn packed batches over paged caches: sequence lengths (empty ones among them),
+    page sizes, GQA, head dims, masks, softcap, ALiBi, scale; FLASHATTN_KV_SEED replays."""
+    import random
+    import time
+    seed = int(os.environ.get("FLASHATTN_KV_SEED", time.time_ns() % 1000003))
+    r = random.Random(seed)
+    conv = (lambda x: x) if kind == "numpy" else torch.from_numpy
+    for i in range(25):
+        nseq, hk = r.randint(1, 4), r.choice((1, 2))
+        hq, d, page = hk * r.choice((1, 3)), r.choice((8, 16, 40)), r.choice((8, 16, 48, 256))
+        lens_q = [r.randint(0, 9) for _ in range(nseq)]
+        lens_k = [r.randint(1, 120) for _ in range(nseq)]
+        causal = r.random() < 0.5
+        window = (-1, -1)
+        if r.random() < 0.4:
+            window = (r.choice((-1, r.randint(0, 50))), -1 if causal else r.randint(-1, 10))
+        softcap = r.uniform(1, 6) if r.random() < 0.2 else 0.0
+        scale = r.uniform(0.05, 0.5) if r.random() < 0.3 else None
+        alibi = (np.random.default_rng(i).uniform(0.01, 0.3, size=hq).astype(np.float32)
+                 if r.random() < 0.2 else None)
+        q, kc, vc, bt, cu_q, cu_k, ks, vs = _paged_varlen(seed * 100 + i, page, lens_q, lens_k,
+                                                          hq, hk, d)
+        what = "FLASHATTN_KV_SEED=%d, case %d: lens_q %s lens_k %s page %d hq %d hk %d d %d " \
+            "causal %s window %s softcap %g scale %s alibi %s" % (
+                seed, i, lens_q, lens_k, page, hq, hk, d, causal, window, softcap, scale,
+                alibi is not None)
+        out = flashattn.flash_attn_varlen_func(
+            conv(q), conv(kc), conv(vc), conv(cu_q), conv(cu_k), max(lens_q), max(lens_k),
+            softmax_scale=scale, causal=causal, window_size=window, softcap=softcap,
+            alibi_slopes=None if alibi is None else conv(alibi), block_table=conv(bt))
+        eout, _ = _varlen_expected(q, cu_q, ks, vs, scale=scale, causal=causal, window=window,
+                                   softcap=softcap, alibi=alibi)
+        out = out if kind == "numpy" else out.numpy()
+        assert np.isfinite(out).all(), what
+        assert_close(out, eout, TOL_F32, what)
+
+
 @pytest.mark.skipif(torch is None, reason="needs torch")
 def test_varlen_block_table_backward_raises():
     q, kc, vc, bt, cu_q, cu_k, ks, vs = _paged_varlen(1, 16, [2, 3], [20, 33])

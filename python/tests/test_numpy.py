@@ -136,6 +136,21 @@ def test_varlen_numpy():
         assert_close(a, b, 1e-4, "varlen grad")
 
 
+@pytest.mark.parametrize("shape", [(0, 5, 2, 8), (2, 0, 2, 8)], ids=["batch0", "seqlen0"])
+def test_empty_arrays(shape):
+    """numpy gives arrays without elements zero strides: accepted, outputs empty."""
+    q = np.zeros(shape, np.float32)
+    assert q.strides[-1] == 0
+    out, lse = fnp.forward(q, q, q, causal=True)
+    assert out.shape == shape and lse.shape == (shape[0], shape[2], shape[1])
+    dq, dk, dv = fnp.backward(out, q, q, q, out, lse, causal=True)
+    assert dq.shape == dk.shape == dv.shape == shape
+    assert flashattn.flash_attn_func(q, q, q).shape == shape
+    empty = np.zeros((0, 2, 8), np.float32)
+    cu = np.zeros(3, np.int32)
+    assert flashattn.flash_attn_varlen_func(empty, empty, empty, cu, cu, 0, 0).shape == (0, 2, 8)
+
+
 def test_strided_and_readonly_inputs():
     base = np.random.randn(2, 6, 21, 16).astype(np.float32)  # (B, H, N, D)
     q = base.swapaxes(1, 2)  # (B, N, H, D) view, no copy

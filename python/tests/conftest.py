@@ -72,9 +72,12 @@ def ref_attention_np(q, k, v, scale=None, causal=False, window=(-1, -1), softcap
     return out, lse
 
 
-def ref_attention(q, k, v, scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi=None):
-    """torch float64 reference (differentiable) on (B, N, H, D) tensors -> (out, lse)."""
-    q, k, v = (x.double() for x in (q, k, v))
+def ref_attention(q, k, v, scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi=None,
+                  dtype=None):
+    """torch reference (differentiable) on (B, N, H, D) tensors -> (out, lse), in float64 or
+    dtype (float32: the naive computation whose error is a tolerance's yardstick)."""
+    dtype = dtype or torch.float64
+    q, k, v = (x.to(dtype) for x in (q, k, v))
     b, nq, hq, d = q.shape
     nk, hk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
@@ -86,9 +89,9 @@ def ref_attention(q, k, v, scale=None, causal=False, window=(-1, -1), softcap=0.
     keep, dist = _mask_np(nq, nk, causal, window)
     keep = torch.from_numpy(keep).to(q.device)
     if alibi is not None:
-        sl = alibi.double().to(q.device)
+        sl = alibi.to(dtype).to(q.device)
         sl = sl.expand(b, hq) if sl.dim() == 1 else sl
-        s = s - sl[:, :, None, None] * torch.from_numpy(dist).to(q.device)
+        s = s - sl[:, :, None, None] * torch.from_numpy(dist).to(q.device, dtype)
     s = s.masked_fill(~keep, float("-inf"))
     # fully masked rows: a finite dummy row keeps logsumexp's gradient NaN-free
     rows = keep.any(-1)[:, None]
@@ -111,11 +114,12 @@ def ref_varlen(q, k, v, cu_q, cu_k, **kw):
         ks = k[cu_k[s]:cu_k[s + 1]][None]
         vs = v[cu_k[s]:cu_k[s + 1]][None]
         nq = qs.shape[1]
+        dtype = kw.get("dtype") or torch.float64
         if nq == 0:
             continue
         if ks.shape[1] == 0:
-            outs.append(torch.zeros_like(qs[0], dtype=torch.float64))
-            lses.append(torch.full((hq, nq), float("-inf"), dtype=torch.float64, device=q.device))
+            outs.append(torch.zeros_like(qs[0], dtype=dtype))
+            lses.append(torch.full((hq, nq), float("-inf"), dtype=dtype, device=q.device))
             continue
         al = kw.get("alibi")
         kw2 = dict(kw)
@@ -124,6 +128,10 @@ def ref_varlen(q, k, v, cu_q, cu_k, **kw):
         o, l = ref_attention(qs, ks, vs, **kw2)
         outs.append(o[0])
         lses.append(l[0])
+    if not outs:  # no query rows at all
+        dtype = kw.get("dtype") or torch.float64
+        return (q.new_zeros(q.shape, dtype=dtype),
+                torch.zeros((hq, 0), dtype=dtype, device=q.device))
     return torch.cat(outs, 0), torch.cat(lses, 1)
 
 

@@ -1,5 +1,6 @@
 """torch CPU path: outputs and gradients against the float64 torch reference."""
 import math
+import os
 
 import numpy as np
 import pytest
@@ -388,3 +389,108 @@ def test_deterministic_flag_and_threads():
         torch.set_num_threads(threads)
     out2 = flashattn.flash_attn_func(q, k, v, deterministic=True)
     assert torch.equal(out1, out2)
+
+
+
+# ---- drawn cases: every form and option in combination ------------------------------------
+
+
+def _drawn_options(r, b, hq):
+    """Options drawn from r (random.Random) for the call and for its float64 reference."""
+    kw = dict(causal=r.random() < 0.5)
+    if r.random() < 0.4:
+        kw["window_size"] = (r.choice((-1, r.randint(0, 40))), r.choice((-1, r.randint(0, 12))))
+    if r.random() < 0.2:
+        kw["softcap"] = r.uniform(1.0, 6.0)
+    if r.random() < 0.3:
+        kw["softmax_scale"] = r.uniform(0.05, 0.6)
+    if r.random() < 0.2:
+        shape = (hq,) if r.random() < 0.5 else (b, hq)
+        kw["alibi_slopes"] = torch.rand(*shape, generator=torch.Generator().manual_seed(
+            r.randrange(1 << 30))) * 0.4
+    if r.random() < 0.2:
+        kw["deterministic"] = True
+    names = {"window_size": "window", "softmax_scale": "scale", "alibi_slopes": "alibi"}
+    ref = {names.get(a, a): x for a, x in kw.items() if a != "deterministic"}
+    return kw, ref
+
+
+def _drawn_case(r):
+    """One call drawn from r: (description, leaves, call(leaves) -> out, views(leaves) ->
+    (q, k, v), reference(q, k, v, dtype) -> out)."""
+    hk = r.choice((1, 2, 3))
+    hq, d = hk * r.choice((1, 2, 4)), r.choice((1, 3, 8, 16, 40, 64, 72, 128, 160, 256))
+    algo = r.choice(("flash2", "flash2", "flash1", "standard"))
+    form = r.choice(("plain", "strided", "qkvpacked", "kvpacked", "varlen", "varlen"))
+    g = torch.Generator().manual_seed(r.randrange(1 << 30))
+    mk = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    if form == "varlen":
+        n = r.randint(1, 4)
+        lq = [r.randint(0, 30) for _ in range(n)]
+        lk = lq if r.random() < 0.4 else [r.randint(0, 30) for _ in range(n)]
+        cq = torch.tensor(np.concatenate([[0], np.cumsum(lq)]), dtype=torch.int32)
+        ck = torch.tensor(np.concatenate([[0], np.cumsum(lk)]), dtype=torch.int32)
+        kw, ref = _drawn_options(r, n, hq)
+        leaves = [mk(sum(lq), hq, d), mk(sum(lk), hk, d), mk(sum(lk), hk, d)]
+        return ("varlen lq %s lk %s hq %d hk %d d %d %s %s" % (lq, lk, hq, hk, d, algo, kw),
+                leaves,
+                lambda x: flashattn.flash_attn_varlen_func(*x, cq, ck, max(lq), max(lk),
+                                                           algorithm=algo, **kw),
+                lambda x: x, lambda q, k, v, dt: ref_varlen(q, k, v, cq, ck, dtype=dt, **ref)[0])
+    b, nq = r.randint(1, 3), r.randint(1, 40)
+    nk = nq if form == "qkvpacked" or r.random() < 0.4 else r.randint(1, 40)
+    hk = hq if form == "qkvpacked" else hk
+    kw, ref = _drawn_options(r, b, hq)
+    what = "%s b %d nq %d nk %d hq %d hk %d d %d %s %s" % (form, b, nq, nk, hq, hk, d, algo, kw)
+    reference = lambda q, k, v, dt: ref_attention(q, k, v, dtype=dt, **ref)[0]  # noqa: E731
+    if form == "qkvpacked":
+        return (what, [mk(b, nq, 3, hq, d)],
+                lambda x: flashattn.flash_attn_qkvpacked_func(x[0], algorithm=algo, **kw),
+                lambda x: (x[0][:, :, 0], x[0][:, :, 1], x[0][:, :, 2]), reference)
+    if form == "kvpacked":
+        return (what, [mk(b, nq, hq, d), mk(b, nk, 2, hk, d)],
+                lambda x: flashattn.flash_attn_kvpacked_func(x[0], x[1], algorithm=algo, **kw),
+                lambda x: (x[0], x[1][:, :, 0], x[1][:, :, 1]), reference)
+    if form == "strided":  # q, k, v: heads sliced out of one wider buffer (views)
+        buf = mk(b, max(nq, nk), hq + 2 * hk + 1, d)
+        leaves = [buf[:, :nq, :hq], buf[:, :nk, hq:hq + hk], buf[:, :nk, hq + hk:hq + 2 * hk]]
+    else:
+        leaves = [mk(b, nq, hq, d), mk(b, nk, hk, d), mk(b, nk, hk, d)]
+    return (what, leaves, lambda x: flashattn.flash_attn_func(*x, algorithm=algo, **kw),
+            lambda x: x, reference)
+
+
+def test_torch_drawn():
+    """Drawn forms (plain, strided views, packed, varlen with empty sequences) and options
+    against the float64 reference, out and gradients, within twice the error of the same
+    math done naively in float32 (at least TOL_F32); FLASHATTN_TORCH_SEED replays a run,
+    whose seed a failure prints."""
+    import random
+    import time
+    seed = int(os.environ.get("FLASHATTN_TORCH_SEED", time.time_ns() % 1000003))
+    r = random.Random(seed)
+    for i in range(40):
+        what, leaves, call, views, reference = _drawn_case(r)
+        what = "FLASHATTN_TORCH_SEED=%d, case %d: %s" % (seed, i, what)
+        leaves = [x.detach().requires_grad_() for x in leaves]  # views keep their strides
+        rleaves = [x.detach().double().requires_grad_() for x in leaves]
+        nleaves = [x.detach().clone().requires_grad_() for x in leaves]
+        out = call(leaves)
+        rout = reference(*views(rleaves), torch.float64)
+        nout = reference(*views(nleaves), torch.float32)
+        assert out.shape == rout.shape, what
+        tol = lambda naive, ref: max(TOL_F32, 2 * rel_err(naive, ref))  # noqa: E731
+        assert_close(out, rout, tol(nout, rout), what + ": out")
+        if out.numel() == 0:
+            continue
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, leaves, dout)
+        none = [None] * len(leaves)  # no key anywhere: the references are constants
+        rgrads = torch.autograd.grad(rout, rleaves, dout.double(), allow_unused=True) \
+            if rout.requires_grad else none
+        ngrads = torch.autograd.grad(nout, nleaves, dout, allow_unused=True) \
+            if nout.requires_grad else none
+        for j, (gr, rg, ng) in enumerate(zip(grads, rgrads, ngrads)):
+            rg = torch.zeros_like(gr, dtype=torch.float64) if rg is None else rg
+            ng = torch.zeros_like(gr) if ng is None else ng
+            assert_close(gr, rg, tol(ng, rg), "%s: gradient of input %d" % (what, j))

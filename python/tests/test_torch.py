@@ -494,3 +494,66 @@ def test_torch_drawn():
             rg = torch.zeros_like(gr, dtype=torch.float64) if rg is None else rg
             ng = torch.zeros_like(gr) if ng is None else ng
             assert_close(gr, rg, tol(ng, rg), "%s: gradient of input %d" % (what, j))
+
+
+def _ref_block_masked(q, k, v, allowed, scale, causal, softcap, dtype):
+    """Attention of (B, N, H, D) tensors where allowed (B, H, Nq, Nk) and the causal mask
+    both keep a key, in dtype; rows keeping none give 0."""
+    from conftest import _mask_np
+    q, k, v = (x.to(dtype) for x in (q, k, v))
+    hq, hk = q.shape[2], k.shape[2]
+    k, v = k.repeat_interleave(hq // hk, 2), v.repeat_interleave(hq // hk, 2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    keep = allowed & torch.from_numpy(_mask_np(q.shape[1], k.shape[1], causal, None)[0])
+    s = s.masked_fill(~keep, float("-inf"))
+    rows = keep.any(-1, keepdim=True)
+    p = torch.softmax(torch.where(rows, s, torch.zeros_like(s)), -1) * keep
+    return torch.einsum("bhqk,bkhd->bqhd", p, v)
+
+
+def test_block_mask_drawn():
+    """Drawn block-sparse calls on the CPU: block sizes, masks broadcast over the batch or
+    the heads, empty query blocks, causal, GQA, softcap, algorithms; out and gradients
+    against float64 within twice a naive float32 computation's error (at least TOL_F32);
+    FLASHATTN_TORCH_SEED replays."""
+    import random
+    import time
+    seed = int(os.environ.get("FLASHATTN_TORCH_SEED", time.time_ns() % 1000003))
+    r = random.Random(seed)
+    for i in range(25):
+        b, hk = r.randint(1, 2), r.choice((1, 2))
+        hq, d = hk * r.choice((1, 2)), r.choice((8, 16, 40, 64))
+        nq, nk = r.randint(1, 70), r.randint(1, 70)
+        bq, bk = r.choice((1, 4, 16, 32, 64)), r.choice((1, 8, 16, 64, 128))
+        nbq, nbk = -(-nq // bq), -(-nk // bk)
+        mb, mh = r.choice((1, b)), r.choice((1, hq))
+        g = torch.Generator().manual_seed(r.randrange(1 << 30))
+        mask = torch.rand(mb, mh, nbq, nbk, generator=g) < r.uniform(0.2, 0.9)
+        causal, softcap = r.random() < 0.4, (r.uniform(1, 6) if r.random() < 0.2 else 0.0)
+        scale = r.uniform(0.05, 0.5)
+        algo = r.choice(("flash2", "flash1", "standard"))
+        what = "FLASHATTN_TORCH_SEED=%d, case %d: b %d nq %d nk %d hq %d hk %d d %d block " \
+            "(%d, %d) mask %s causal %s softcap %g %s" % (seed, i, b, nq, nk, hq, hk, d, bq, bk,
+                                                         tuple(mask.shape), causal, softcap, algo)
+        q = torch.randn(b, nq, hq, d, generator=g).requires_grad_()
+        k = torch.randn(b, nk, hk, d, generator=g).requires_grad_()
+        v = torch.randn(b, nk, hk, d, generator=g).requires_grad_()
+        out = flashattn.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal,
+                                        softcap=softcap, block_mask=mask.to(torch.uint8),
+                                        block_size=(bq, bk), algorithm=algo)
+        allowed = mask.expand(b, hq, nbq, nbk).repeat_interleave(bq, 2).repeat_interleave(bk, 3)
+        allowed = allowed[:, :, :nq, :nk]
+        rq, rk, rv = (x.detach().double().requires_grad_() for x in (q, k, v))
+        nq_, nk_, nv_ = (x.detach().clone().requires_grad_() for x in (q, k, v))
+        rout = _ref_block_masked(rq, rk, rv, allowed, scale, causal, softcap, torch.float64)
+        nout = _ref_block_masked(nq_, nk_, nv_, allowed, scale, causal, softcap, torch.float32)
+        tol = lambda naive, ref: max(TOL_F32, 2 * rel_err(naive, ref))  # noqa: E731
+        assert_close(out, rout, tol(nout, rout), what + ": out")
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        rgrads = torch.autograd.grad(rout, (rq, rk, rv), dout.double())
+        ngrads = torch.autograd.grad(nout, (nq_, nk_, nv_), dout)
+        for name, a, rg, ng in zip("qkv", grads, rgrads, ngrads):
+            assert_close(a, rg, tol(ng, rg), what + ": d" + name)

@@ -557,3 +557,45 @@ def test_block_mask_drawn():
         ngrads = torch.autograd.grad(nout, (nq_, nk_, nv_), dout)
         for name, a, rg, ng in zip("qkv", grads, rgrads, ngrads):
             assert_close(a, rg, tol(ng, rg), what + ": d" + name)
+
+
+def test_sdpa_drawn():
+    """Drawn calls of flashattn.scaled_dot_product_attention (batched or not, GQA, causal
+    top-left with nq != nk, scale, (B, H, N, D) tensors or transposed (B, N, H, D) views)
+    against torch's own in float64, out and gradients; FLASHATTN_TORCH_SEED replays."""
+    import random
+    import time
+    F = torch.nn.functional
+    seed = int(os.environ.get("FLASHATTN_TORCH_SEED", time.time_ns() % 1000003))
+    r = random.Random(seed)
+    for i in range(30):
+        b, hk = r.randint(1, 3), r.choice((1, 2))
+        hq, d = hk * r.choice((1, 2, 3)), r.choice((1, 8, 16, 40, 64, 128))
+        nq, nk = r.randint(1, 50), r.randint(1, 50)
+        causal, scale = r.random() < 0.5, (r.uniform(0.05, 0.5) if r.random() < 0.5 else None)
+        views, unbatched = r.random() < 0.5, r.random() < 0.2
+        g = torch.Generator().manual_seed(r.randrange(1 << 30))
+        mk = lambda n, h: (torch.randn(b, n, h, d, generator=g).transpose(1, 2) if views  # noqa
+                           else torch.randn(b, h, n, d, generator=g))
+        q, k, v = mk(nq, hq), mk(nk, hk), mk(nk, hk)
+        if unbatched:
+            q, k, v = q[0], k[0], v[0]
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        what = "FLASHATTN_TORCH_SEED=%d, case %d: b %d hq %d hk %d d %d nq %d nk %d causal %s " \
+            "scale %s views %s unbatched %s" % (seed, i, b, hq, hk, d, nq, nk, causal, scale,
+                                                views, unbatched)
+        kw = dict(is_causal=causal, scale=scale, enable_gqa=hq != hk)
+        out = flashattn.scaled_dot_product_attention(*leaves, **kw)
+        rl = [x.detach().double().requires_grad_() for x in leaves]
+        nl = [x.detach().clone().requires_grad_() for x in leaves]
+        rout, nout = F.scaled_dot_product_attention(*rl, **kw), \
+            F.scaled_dot_product_attention(*nl, **kw)
+        tol = lambda naive, ref: max(TOL_F32, 2 * rel_err(naive, ref))  # noqa: E731
+        assert out.shape == rout.shape, what
+        assert_close(out, rout, tol(nout, rout), what + ": out")
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, leaves, dout)
+        rgrads = torch.autograd.grad(rout, rl, dout.double())
+        ngrads = torch.autograd.grad(nout, nl, dout)
+        for name, a, rg, ng in zip("qkv", grads, rgrads, ngrads):
+            assert_close(a, rg, tol(ng, rg), what + ": d" + name)

@@ -395,7 +395,7 @@ def test_deterministic_flag_and_threads():
 # ---- drawn cases: every form and option in combination ------------------------------------
 
 
-def _drawn_options(r, b, hq):
+def _drawn_options(r, b, hq, device="cpu"):
     """Options drawn from r (random.Random) for the call and for its float64 reference."""
     kw = dict(causal=r.random() < 0.5)
     if r.random() < 0.4:
@@ -406,21 +406,24 @@ def _drawn_options(r, b, hq):
         kw["softmax_scale"] = r.uniform(0.05, 0.6)
     if r.random() < 0.2:
         shape = (hq,) if r.random() < 0.5 else (b, hq)
-        kw["alibi_slopes"] = torch.rand(*shape, generator=torch.Generator().manual_seed(
-            r.randrange(1 << 30))) * 0.4
+        kw["alibi_slopes"] = (torch.rand(*shape, generator=torch.Generator().manual_seed(
+            r.randrange(1 << 30))) * 0.4).to(device)
     if r.random() < 0.2:
         kw["deterministic"] = True
     names = {"window_size": "window", "softmax_scale": "scale", "alibi_slopes": "alibi"}
-    ref = {names.get(a, a): x for a, x in kw.items() if a != "deterministic"}
+    ref = {names.get(a, a): x.cpu() if torch.is_tensor(x) else x
+           for a, x in kw.items() if a != "deterministic"}
     return kw, ref
 
 
-def _drawn_case(r):
-    """One call drawn from r: (description, leaves, call(leaves) -> out, views(leaves) ->
-    (q, k, v), reference(q, k, v, dtype) -> out)."""
+def _drawn_case(r, device="cpu"):
+    """One call drawn from r: (description, leaves (CPU float32), call(leaves) -> out,
+    views(leaves) -> (q, k, v), reference(q, k, v, dtype) -> out). device: where the call's
+    auxiliary tensors (offsets, slopes) live; CUDA takes the flash2 algorithm only."""
     hk = r.choice((1, 2, 3))
     hq, d = hk * r.choice((1, 2, 4)), r.choice((1, 3, 8, 16, 40, 64, 72, 128, 160, 256))
     algo = r.choice(("flash2", "flash2", "flash1", "standard"))
+    algo = "flash2" if device != "cpu" else algo
     form = r.choice(("plain", "strided", "qkvpacked", "kvpacked", "varlen", "varlen"))
     g = torch.Generator().manual_seed(r.randrange(1 << 30))
     mk = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
@@ -430,17 +433,18 @@ def _drawn_case(r):
         lk = lq if r.random() < 0.4 else [r.randint(0, 30) for _ in range(n)]
         cq = torch.tensor(np.concatenate([[0], np.cumsum(lq)]), dtype=torch.int32)
         ck = torch.tensor(np.concatenate([[0], np.cumsum(lk)]), dtype=torch.int32)
-        kw, ref = _drawn_options(r, n, hq)
+        kw, ref = _drawn_options(r, n, hq, device)
         leaves = [mk(sum(lq), hq, d), mk(sum(lk), hk, d), mk(sum(lk), hk, d)]
         return ("varlen lq %s lk %s hq %d hk %d d %d %s %s" % (lq, lk, hq, hk, d, algo, kw),
                 leaves,
-                lambda x: flashattn.flash_attn_varlen_func(*x, cq, ck, max(lq), max(lk),
-                                                           algorithm=algo, **kw),
+                lambda x: flashattn.flash_attn_varlen_func(*x, cq.to(device), ck.to(device),
+                                                           max(lq), max(lk), algorithm=algo,
+                                                           **kw),
                 lambda x: x, lambda q, k, v, dt: ref_varlen(q, k, v, cq, ck, dtype=dt, **ref)[0])
     b, nq = r.randint(1, 3), r.randint(1, 40)
     nk = nq if form == "qkvpacked" or r.random() < 0.4 else r.randint(1, 40)
     hk = hq if form == "qkvpacked" else hk
-    kw, ref = _drawn_options(r, b, hq)
+    kw, ref = _drawn_options(r, b, hq, device)
     what = "%s b %d nq %d nk %d hq %d hk %d d %d %s %s" % (form, b, nq, nk, hq, hk, d, algo, kw)
     reference = lambda q, k, v, dt: ref_attention(q, k, v, dtype=dt, **ref)[0]  # noqa: E731
     if form == "qkvpacked":

@@ -700,6 +700,86 @@ void kv_register(const char *group, kvcfg c, int slow) {
   tr_add(name, c.sabotage ? kv_sabotage_fn : kv_case_fn, &c, sizeof c, slow);
 }
 
+kvcfg kv_draw(tu_rng *r, const kvdev *dev) {
+#define PICK(k) ((int)(tu_rng_next(r) % (uint64_t)(k)))
+  static const fa_dtype dts[3] = {FA_DTYPE_F16, FA_DTYPE_BF16, FA_DTYPE_F32};
+  static const fa_algorithm algos[3] = {FA_ALGO_FLASH2, FA_ALGO_FLASH1, FA_ALGO_STANDARD};
+  static const int dims[10] = {8, 16, 24, 32, 40, 64, 72, 96, 128, 256};
+  static const int pages[7] = {8, 16, 24, 32, 48, 64, 256};
+  const int cuda = dev->device != FA_DEVICE_CPU;
+  kvcfg c = kvcfg_default();
+  c.dev = dev;
+  c.api = PICK(2) ? KV_CALL : KV_FORWARD;
+  c.dt = dts[PICK(cuda ? 2 : 3)];
+  c.algo = cuda ? FA_ALGO_FLASH2 : algos[PICK(3)];
+  c.hk = 1 + PICK(3);
+  c.hq = c.hk << PICK(3);
+  c.d = dims[PICK(10)];
+  c.page = PICK(3) ? 0 : pages[PICK(7)];
+  c.cap = c.page ? c.page * (1 + PICK(cuda ? 16 : 6)) : 1 + PICK(cuda ? 700 : 200);
+  c.B = 1 + PICK(4);
+  c.causal = PICK(2);
+  if (PICK(4) == 0) {
+    c.window = 1;
+    c.wl = PICK(2) ? -1 : PICK(c.cap + 1);
+    c.wr = c.causal || PICK(2) ? -1 : PICK(16);
+  }
+  const int all_rows = c.causal || (c.window && (c.wl >= 0 || c.wr >= 0));
+  if (c.api == KV_CALL) {
+    c.nq = 1 + PICK(8);
+    c.nnew = PICK((c.cap < 8 ? c.cap : 8) + 1);
+    if (c.nnew && PICK(2)) {
+      c.rotary = 2 * (1 + PICK(c.d / 2));
+      c.interleaved = PICK(2);
+    }
+    /* rotary tables of cap rows: query rows must not pass them */
+    const int room = c.rotary && all_rows && c.nq > c.nnew ? c.nq : c.nnew;
+    if (room > c.cap) c.nq = c.nnew;
+    const int top = c.cap - (c.rotary && all_rows && c.nq > c.nnew ? c.nq : c.nnew);
+    for (int s = 0; s < c.B; s++) c.used[s] = PICK(top + 1);
+    if (!c.page && PICK(4) == 0) {
+      c.leftpad = 1;
+      for (int s = 0; s < c.B; s++) c.lp[s] = PICK(c.used[s] + 1);
+    }
+    if (!c.page && PICK(4) == 0) { /* rows of a larger cache; distinct when appending */
+      c.bidx = 1, c.cache_batch = c.B + PICK(3);
+      int perm[KV_MAX_SEQS + 2];
+      for (int i = 0; i < c.cache_batch; i++) perm[i] = i;
+      for (int i = c.cache_batch - 1; i > 0; i--) {
+        const int j = PICK(i + 1), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+      }
+      for (int s = 0; s < c.B; s++) c.bi[s] = c.nnew ? perm[s] : PICK(c.cache_batch);
+    }
+  } else {
+    c.varlen = c.page && PICK(2); /* packed queries over a paged cache */
+    c.nq = 1 + PICK(8);
+    c.seqused = !c.varlen && PICK(2);
+    for (int s = 0; s < c.B; s++) c.lq[s] = PICK(9), c.used[s] = PICK(c.cap + 1);
+    if (c.varlen && c.lq[0] + c.lq[c.B - 1] == 0) c.lq[0] = 1; /* the oracle needs a row */
+  }
+  c.share = c.page && c.B > 1 && PICK(3) == 0;
+  if (PICK(5) == 0) c.softcap = 1.0f + 5.0f * (float)tu_rng_uniform(r);
+  c.alibi = PICK(5) == 0;
+  if (PICK(4) == 0) c.num_splits = 1 + PICK(5);
+  c.bhnd = PICK(4) == 0;
+  if (PICK(4) == 0) c.pad = cuda ? 8 * (1 + PICK(2)) : 1 + PICK(8);
+  if (!cuda && PICK(3) == 0) c.threads = 1 + PICK(2);
+  c.ws = PICK(2);
+#undef PICK
+  return c;
+}
+
+void kv_register_drawn(int n, const kvdev *dev) {
+  for (int i = 0; i < n; i++) {
+    char group[32];
+    snprintf(group, sizeof group, "drawn/%03d", i);
+    tu_rng r;
+    tu_rng_seed(&r, tu_hash_str(group) ^ (dev->device == FA_DEVICE_CPU ? 0 : 0x5bd1e995u));
+    kv_register(group, kv_draw(&r, dev), 0);
+  }
+}
+
 void kv_seqs(kvcfg *c, int n, const int *lq, const int *used) {
   c->B = n;
   for (int s = 0; s < n; s++) {

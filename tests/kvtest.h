@@ -82,6 +82,12 @@ void kv_check(const kvcfg *c, const kvdev *dev);
 /* Registers the case (seeded from its name) on c.dev; with c.sabotage, a
  * meta case that passes when kv_check catches the broken table. */
 void kv_register(const char *group, kvcfg c, int slow);
+/* A configuration drawn from r for dev: either API, every feature in a valid
+ * combination (dtypes and algorithms the device takes). */
+kvcfg kv_draw(tu_rng *r, const kvdev *dev);
+/* Registers n drawn configurations on dev, each drawn from its name
+ * "kv/drawn/i/..." (the same n cases on every run). */
+void kv_register_drawn(int n, const kvdev *dev);
 /* The batch: n sequences, query rows lq[s] (varlen; NULL: keep) and keys
  * (or cache lengths) used[s]. */
 void kv_seqs(kvcfg *c, int n, const int *lq, const int *used);

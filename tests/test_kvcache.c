@@ -351,8 +351,7 @@ static void validation_cases(void) {
       {"rotary-dim-odd", "rotary_dim", 1, FA_ERR_INVALID_ARGUMENT, m_rot_odd},
       {"rotary-dim-wide", "rotary_dim", 1, FA_ERR_INVALID_ARGUMENT, m_rot_wide},
       {"rotary-seqlen-short", "rotary_seqlen", 1, FA_ERR_INVALID_ARGUMENT, m_rot_short},
-      {"rotary-seqlen-short-for-queries", "rotary_seqlen", 1, FA_ERR_INVALID_ARGUMENT,
-       m_rot_qrows},
+      {"rotary-seqlen-short-for-queries", "rotary_seqlen", 1, FA_ERR_INVALID_ARGUMENT, m_rot_qrows},
       {"rotary-stride", "rotary_stride", 1, FA_ERR_INVALID_ARGUMENT, m_rot_stride},
       {"rotary-sin-missing", "rotary_sin", 1, FA_ERR_INVALID_ARGUMENT, m_rot_sin},
       {"leftpad-with-table", "cache_leftpad", 1, FA_ERR_INVALID_ARGUMENT, m_leftpad_paged},
@@ -374,4 +373,5 @@ void register_kvcache_tests(void) {
   validation_cases();
   paged_cases();
   call_cases();
+  kv_register_drawn(300, &kv_host);
 }

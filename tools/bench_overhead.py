@@ -77,7 +77,7 @@ def _dtype(name, device):
     return DTYPES[name]
 
 
-def candidates(kind, c, device):
+def candidates(kind, c, device, splits=()):
     """{name: (callable, setup_context)} for one case; the callable makes one call."""
     dt = _dtype(c.get("dtype", "f16"), device)
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -120,6 +120,10 @@ def candidates(kind, c, device):
         lens = torch.full((b,), L, dtype=torch.int32, device=device)
         res["flashattn"] = (lambda: flashattn.flash_attn_with_kvcache(q, kc, vc,
                                                                       cache_seqlens=lens), None)
+        for sp in splits:  # the keys split over sp blocks a head, as asked
+            res["flashattn-splits%d" % sp] = (
+                lambda sp=sp: flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens,
+                                                                num_splits=sp), None)
         qs = q.transpose(1, 2).contiguous()
         ks, vs = kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
         # K/V heads repeated for backends without grouped-query support (outside the timing)
@@ -175,8 +179,8 @@ def measure(fn, backend, calls, device):
     return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
 
 
-def run_case(kind, c, device, calls, rounds, warmup):
-    cands = candidates(kind, c, device)
+def run_case(kind, c, device, calls, rounds, warmup, splits=()):
+    cands = candidates(kind, c, device, splits)
     usable = {}
     for name, (fn, be) in cands.items():
         try:
@@ -209,6 +213,8 @@ def main():
     ap.add_argument("--full", action="store_false", dest="small", help="the full shapes")
     ap.add_argument("--only", default="", help="comma-separated substrings of case names")
     ap.add_argument("--threads", type=int, default=0, help="CPU: torch.set_num_threads")
+    ap.add_argument("--decode-splits", default="",
+                    help="decode steps: also ours with these num_splits (comma-separated)")
     ap.add_argument("--json", default="", help="write the results here")
     a = ap.parse_args()
     small = a.small if a.small is not None else a.device == "cpu"
@@ -225,7 +231,8 @@ def main():
                                   "decode": "decode step"}[kind])
         if only and not any(s in label for s in only):
             continue
-        r = run_case(kind, c, a.device, a.calls, a.rounds, a.warmup)
+        splits = [int(x) for x in a.decode_splits.split(",") if x]
+        r = run_case(kind, c, a.device, a.calls, a.rounds, a.warmup, splits)
         print("\n## %s" % label)
         print("| impl | host µs/call | whole-call µs/call |")
         print("| --- | ---: | ---: |")

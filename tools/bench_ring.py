@@ -8,7 +8,9 @@ out, dq, dk, dv from flashattn.distributed.ring_flash_attn_func against the floa
 reference of the whole sequence (dropout: the library's own mask, fa_dropout_mask), within
 twice the error of single-GPU flashattn plus a floor; and packed batches (causal, and full
 with GQA; an empty sequence among them) from ring_flash_attn_varlen_func against each
-sequence's float64 attention and single-GPU flash_attn_varlen_func. Exits 1 on a failure.
+sequence's float64 attention and single-GPU flash_attn_varlen_func; --check-drawn N adds
+N drawn cases (masks, windows, GQA, dropout, lengths; the seed is printed, --seed replays).
+Exits 1 on a failure.
 
 Timing (B=1, H=16, D=128, bf16, causal, forward + backward, median of synchronised
 iterations, the slowest rank's time): ours on all GPUs (zig-zag; also with each
@@ -22,6 +24,7 @@ GPU's ring call took beyond its inputs and outputs.
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -155,45 +158,74 @@ def check_varlen(dev, world, rank):
     return failures
 
 
+def check_case(dev, world, rank, name, kw, layout, rows=1024):
+    """One case (a sequence of rows * world tokens) on the ring against one GPU and
+    float64; returns the failures."""
+    kw = dict(kw)
+    hk = kw.pop("hk", 4)
+    b, n, h, d = 1, rows * world, 4, 128
+    g = torch.Generator(device=dev).manual_seed(11)
+    q = torch.randn(b, n, h, d, device=dev, generator=g, dtype=torch.bfloat16)
+    k = torch.randn(b, n, hk, d, device=dev, generator=g, dtype=torch.bfloat16)
+    v = torch.randn(b, n, hk, d, device=dev, generator=g, dtype=torch.bfloat16)
+    do = torch.randn(b, n, h, d, device=dev, generator=g, dtype=torch.bfloat16)
+    p = kw.get("dropout_p", 0.0)
+    seed = 77 if p else None
+    ql, kl, vl = (fd.shard(x, layout=layout).requires_grad_() for x in (q, k, v))
+    out = fd.ring_flash_attn_func(ql, kl, vl, layout=layout, dropout_seed=seed, **kw)
+    got = (out,) + torch.autograd.grad(out, (ql, kl, vl), fd.shard(do, layout=layout))
+    # single GPU, the whole sequence, the same seed
+    a = fd._Args()
+    opts = flashattn._core.make_options(None, kw.get("causal", False),
+                                        kw.get("window_size", (-1, -1)), 0.0, p)
+    a.scale, a.softcap, a.dropout_p, a.alibi = opts.softmax_scale, 0.0, p, None
+    a.window = (opts.window_enabled, opts.window_left, opts.window_right)
+    a.seed, a.offset, a.deterministic, a.threads = seed or 0, 0, False, 0
+    so, sl = fd._attn_fwd(q, k, v, a, kw.get("causal", False), None)
+    sg = fd._attn_bwd(do, q, k, v, so, sl, a, kw.get("causal", False), None)
+    # float64 reference, dropout through the library's mask
+    keep = None
+    if p:
+        keep = torch.from_numpy(flashattn.dropout_mask(p, seed, 0, h, n, n)[0]).to(dev)
+    rq, rk, rv = (x.double().requires_grad_() for x in (q, k, v))
+    ro = ref64(rq, rk, rv, kw.get("causal", False), kw.get("window_size", (-1, -1)),
+               d ** -0.5, keep, p)
+    rg = torch.autograd.grad(ro, (rq, rk, rv), do.double())
+    pos = fd.shard_positions(n // world, rank, world, layout).to(dev)
+    return compare(name, layout, rank, got, (so,) + tuple(sg), (ro,) + tuple(rg),
+                   lambda ref: ref[:, pos])
+
+
+def drawn_cases(seed, count):
+    """(name, options, layout, rows a rank) drawn from seed: masks, windows, GQA, dropout
+    and lengths in combinations the table does not list."""
+    r = random.Random(seed)
+    for i in range(count):
+        rows = 16 * r.randint(1, 48)  # zig-zag chunks of 8 rows or more
+        causal = r.random() < 0.6
+        kw = dict(causal=causal, hk=r.choice((1, 2, 4)))
+        if r.random() < 0.4:
+            kw["window_size"] = (r.choice((-1, r.randrange(0, 3 * rows))),
+                                 -1 if causal else r.choice((-1, r.randrange(0, rows))))
+        if r.random() < 0.2:
+            kw["dropout_p"] = r.uniform(0.05, 0.2)
+        yield "drawn-%d-%d" % (seed, i), kw, r.choice(("zigzag", "contiguous")), rows
+
+
 def check(args):
     world, rank = dist.get_world_size(), dist.get_rank()
     dev = torch.device("cpu") if args.cpu else torch.device("cuda", torch.cuda.current_device())
     failures = 0
     for layout in ("zigzag", "contiguous"):
         for name, kw in CASES:
-            kw = dict(kw)
-            hk = kw.pop("hk", 4)
-            b, n, h, d = 1, 1024 * world, 4, 128
-            g = torch.Generator(device=dev).manual_seed(11)
-            q = torch.randn(b, n, h, d, device=dev, generator=g, dtype=torch.bfloat16)
-            k = torch.randn(b, n, hk, d, device=dev, generator=g, dtype=torch.bfloat16)
-            v = torch.randn(b, n, hk, d, device=dev, generator=g, dtype=torch.bfloat16)
-            do = torch.randn(b, n, h, d, device=dev, generator=g, dtype=torch.bfloat16)
-            p = kw.get("dropout_p", 0.0)
-            seed = 77 if p else None
-            ql, kl, vl = (fd.shard(x, layout=layout).requires_grad_() for x in (q, k, v))
-            out = fd.ring_flash_attn_func(ql, kl, vl, layout=layout, dropout_seed=seed, **kw)
-            got = (out,) + torch.autograd.grad(out, (ql, kl, vl), fd.shard(do, layout=layout))
-            # single GPU, the whole sequence, the same seed
-            a = fd._Args()
-            opts = flashattn._core.make_options(None, kw.get("causal", False),
-                                                kw.get("window_size", (-1, -1)), 0.0, p)
-            a.scale, a.softcap, a.dropout_p, a.alibi = opts.softmax_scale, 0.0, p, None
-            a.window = (opts.window_enabled, opts.window_left, opts.window_right)
-            a.seed, a.offset, a.deterministic, a.threads = seed or 0, 0, False, 0
-            so, sl = fd._attn_fwd(q, k, v, a, kw.get("causal", False), None)
-            sg = fd._attn_bwd(do, q, k, v, so, sl, a, kw.get("causal", False), None)
-            # float64 reference, dropout through the library's mask
-            keep = None
-            if p:
-                keep = torch.from_numpy(flashattn.dropout_mask(p, seed, 0, h, n, n)[0]).to(dev)
-            rq, rk, rv = (x.double().requires_grad_() for x in (q, k, v))
-            ro = ref64(rq, rk, rv, kw.get("causal", False), kw.get("window_size", (-1, -1)),
-                       d ** -0.5, keep, p)
-            rg = torch.autograd.grad(ro, (rq, rk, rv), do.double())
-            pos = fd.shard_positions(n // world, rank, world, layout).to(dev)
-            failures += compare(name, layout, rank, got, (so,) + tuple(sg), (ro,) + tuple(rg),
-                                lambda ref: ref[:, pos])
+            failures += check_case(dev, world, rank, name, kw, layout)
+    if args.check_drawn:
+        seed = torch.tensor([args.seed if args.seed is not None else time.time_ns() % 1000003],
+                            device=dev)
+        dist.broadcast(seed, 0)  # every rank draws the same cases
+        log("drawn cases: --seed %d" % seed.item())
+        for name, kw, layout, rows in drawn_cases(seed.item(), args.check_drawn):
+            failures += check_case(dev, world, rank, name, kw, layout, rows)
     failures += check_varlen(dev, world, rank)
     fails = torch.tensor([failures], device=dev)
     dist.all_reduce(fails)
@@ -392,6 +424,9 @@ def main():
     ap.add_argument("--skip-one-gpu", action="store_true")
     ap.add_argument("--sm-margins", type=int, nargs="*", default=[0, 2, 4, 16],
                     help="also time ours with these sm_margin values")
+    ap.add_argument("--check-drawn", type=int, default=0, metavar="N",
+                    help="--check also runs N drawn cases (printed seed; --seed replays)")
+    ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--high-priority", action="store_true",
                     help="also time ours over a group whose NCCL stream has high priority")
     ap.add_argument("--anchors", nargs="*", default=["cudnn", "flash"],

@@ -466,8 +466,8 @@ def forward_kvcache(A, q, k_cache, v_cache, opts, cache_seqlens, k=None, v=None,
         kv.rotary_interleaved = int(bool(rotary_interleaved))
     out = A.empty_like(q)
     lse = A.empty(lse_shape(A.shape(q), False), "float32", q)
-    if batch == 0:  # no batch entry: nothing to write or compute
-        return out, lse
+    if batch == 0 or (A.shape(q)[1] == 0 and k is None):
+        return out, lse  # no batch entry, or no query row and nothing to append
     tq, to = descriptor(A, q, dt, False), descriptor(A, out, dt, False)
     tk, tv = descriptor(A, k_cache, dt, False), descriptor(A, v_cache, dt, False)
     _lib.forward_kvcache(p, kv, tq, tk, tv, to, A.ptr(lse),

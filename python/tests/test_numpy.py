@@ -146,6 +146,9 @@ def test_empty_arrays(shape):
     dq, dk, dv = fnp.backward(out, q, q, q, out, lse, causal=True)
     assert dq.shape == dk.shape == dv.shape == shape
     assert flashattn.flash_attn_func(q, q, q).shape == shape
+    c = np.zeros((shape[0], 16, 2, 8), np.float32)
+    out = flashattn.flash_attn_with_kvcache(q[:, :0], c, c, cache_seqlens=3)
+    assert out.shape == (shape[0], 0, 2, 8)  # as the torch path gives
     empty = np.zeros((0, 2, 8), np.float32)
     cu = np.zeros(3, np.int32)
     assert flashattn.flash_attn_varlen_func(empty, empty, empty, cu, cu, 0, 0).shape == (0, 2, 8)

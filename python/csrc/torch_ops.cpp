@@ -12,7 +12,10 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/clamp.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/max.h>
+#include <ATen/ops/min.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
@@ -29,6 +32,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -220,6 +224,18 @@ Tensor side_input(const Tensor &x, const char *name, const Tensor &q, at::Scalar
     FA_TYPE_CHECK(!at::isFloatingType(x.scalar_type()) && !at::isComplexType(x.scalar_type()), name,
                   " must be an integer tensor (int32), got ", x.scalar_type());
   if (x.scalar_type() == want && x.is_contiguous()) return x;
+  if (want == at::kInt && x.scalar_type() != at::kInt && x.numel() > 0) {
+    // wider integers would wrap silently: checked on the host, clamped on a device (whose
+    // out-of-range values the library clamps as well), so no synchronisation
+    const int64_t lo = INT32_MIN, hi = INT32_MAX;
+    if (x.is_cpu()) {
+      const int64_t mn = x.min().item<int64_t>(), mx = x.max().item<int64_t>();
+      FA_VALUE_CHECK(mn >= lo && mx <= hi, name, " has values outside int32 (min ", mn, ", max ",
+                     mx, ")");
+    } else {
+      return x.clamp(lo, hi).to(want).contiguous();
+    }
+  }
   return x.to(want).contiguous();
 }
 

@@ -127,6 +127,27 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     return (out, lse, None) if return_attn_probs else out
 
 
+def _check_int32(x, name):
+    """Host integers (an int, an array or a CPU tensor) must fit int32: converting them
+    would wrap silently."""
+    if isinstance(x, int):
+        lo = hi = x
+    elif isinstance(x, (list, tuple)):
+        ints = [v for v in x if isinstance(v, int)]
+        if not ints:
+            return
+        lo, hi = min(ints), max(ints)
+    elif getattr(x, "dtype", None) is None or not len(x.shape) or not x.shape[0]:
+        return
+    else:
+        if getattr(x.dtype, "is_floating_point", False) or (
+                _np is not None and isinstance(x, _np.ndarray) and x.dtype.kind not in "iu"):
+            return  # the type check that follows names the dtype
+        lo, hi = int(x.min()), int(x.max())
+    if lo < -2 ** 31 or hi >= 2 ** 31:
+        raise ValueError("%s has values outside int32 (min %d, max %d)" % (name, lo, hi))
+
+
 def _cache_lengths(cache_seqlens, q, appending):
     """cache_seqlens as an int32 tensor (numpy: array) of q's batch on q's device, or None
     (no append: the whole cache). An int, a list or a tensor/array (batch,) of any integer
@@ -143,6 +164,8 @@ def _cache_lengths(cache_seqlens, q, appending):
                         "got %s" % type(cache_seqlens).__name__)
     if _np is not None and isinstance(cache_seqlens, _np.integer):
         cache_seqlens = int(cache_seqlens)
+    if not isinstance(cache_seqlens, _Tensor) or cache_seqlens.device.type == "cpu":
+        _check_int32(cache_seqlens, "cache_seqlens")
     if is_torch:
         if isinstance(cache_seqlens, int):
             return _torch_pkg.full((batch,), cache_seqlens, dtype=_torch_pkg.int32,

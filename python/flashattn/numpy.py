@@ -97,8 +97,12 @@ class NumpyAdapter:
     @staticmethod
     def aux_contiguous(x, kind, name):
         want = np.dtype(_AUX[kind])
-        if kind == "int32" and x.dtype != want and not np.issubdtype(x.dtype, np.integer):
-            raise TypeError("%s must be an integer array (int32), got %s" % (name, x.dtype))
+        if kind == "int32" and x.dtype != want:
+            if not np.issubdtype(x.dtype, np.integer):
+                raise TypeError("%s must be an integer array (int32), got %s" % (name, x.dtype))
+            if x.size and (x.min() < -2 ** 31 or x.max() >= 2 ** 31):  # no silent wrap
+                raise ValueError("%s has values outside int32 (min %d, max %d)"
+                                 % (name, x.min(), x.max()))
         return np.ascontiguousarray(x, dtype=want)
 
     @staticmethod

@@ -170,6 +170,25 @@ def test_bad_varlen_offsets():
         flashattn.flash_attn_varlen_func(q[None], k[None], v[None], good, good, 5, 5)
 
 
+def test_wide_integers_do_not_wrap():
+    """int64 offsets and cache lengths past int32 are refused, not wrapped to valid ones."""
+    import numpy as np
+    q = torch.randn(10, 2, 8)
+    big, ok = [0, 2 ** 32 + 10], [0, 10]
+    for conv in (torch.tensor, np.array):
+        x = q if conv is torch.tensor else q.numpy()
+        with pytest.raises(ValueError, match="outside int32"):
+            flashattn.flash_attn_varlen_func(x, x, x, conv(big), conv(ok), 10, 10)
+        flashattn.flash_attn_varlen_func(x, x, x, conv(ok), conv(ok), 10, 10)  # int64, in range
+    qd, cache = torch.randn(2, 1, 2, 8), torch.randn(2, 16, 2, 8)
+    for lengths in (2 ** 40, [3, 2 ** 32 + 3], torch.tensor([3, 2 ** 32 + 3]),
+                    np.array([3, 2 ** 32 + 3])):
+        args = (qd, cache, cache.clone()) if not isinstance(lengths, np.ndarray) else \
+            (qd.numpy(), cache.numpy(), cache.numpy().copy())
+        with pytest.raises(ValueError, match="outside int32"):
+            flashattn.flash_attn_with_kvcache(*args, cache_seqlens=lengths)
+
+
 def test_mixed_array_kinds():
     np = pytest.importorskip("numpy")
     q, k, v = _qkv()

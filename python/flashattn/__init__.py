@@ -137,7 +137,8 @@ def _check_int32(x, name):
         if not ints:
             return
         lo, hi = min(ints), max(ints)
-    elif getattr(x, "dtype", None) is None or not len(x.shape) or not x.shape[0]:
+    elif getattr(x, "dtype", None) is None or not len(x.shape) or not x.shape[0] or \
+            str(x.dtype) in ("int32", "torch.int32"):  # fits already (and costs no scan)
         return
     else:
         if getattr(x.dtype, "is_floating_point", False) or (

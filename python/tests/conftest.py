@@ -135,6 +135,19 @@ def ref_varlen(q, k, v, cu_q, cu_k, **kw):
     return torch.cat(outs, 0), torch.cat(lses, 1)
 
 
+def draw_options(r, left=40, right=12):
+    """causal, window_size, softcap and softmax_scale of a drawn call (r: random.Random)."""
+    kw = dict(causal=r.random() < 0.5)
+    if r.random() < 0.4:
+        kw["window_size"] = (r.choice((-1, r.randint(0, left))),
+                             r.choice((-1, r.randint(0, right))))
+    if r.random() < 0.2:
+        kw["softcap"] = r.uniform(1.0, 6.0)
+    if r.random() < 0.3:
+        kw["softmax_scale"] = r.uniform(0.05, 0.6)
+    return kw
+
+
 def rel_err(a, b):
     """||a - b|| / ||b|| in float64, NaN-aware (NaN anywhere -> inf)."""
     a = np.asarray(_np(a), dtype=np.float64)

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from conftest import TOL_F32, assert_close, ref_attention_np, rel_err
+from conftest import TOL_F32, assert_close, draw_options, ref_attention_np, rel_err
 
 import flashattn
 import flashattn.numpy as fnp
@@ -223,13 +223,7 @@ def test_numpy_drawn():
         rng = np.random.default_rng(seed * 100 + i)
         hk = r.choice((1, 2, 3))
         hq, d = hk * r.choice((1, 2)), r.choice((1, 8, 24, 64, 128))
-        kw = dict(causal=r.random() < 0.5, algorithm=r.choice(("flash2", "flash1", "standard")))
-        if r.random() < 0.4:
-            kw["window_size"] = (r.choice((-1, r.randint(0, 30))), r.choice((-1, r.randint(0, 9))))
-        if r.random() < 0.2:
-            kw["softcap"] = r.uniform(1, 6)
-        if r.random() < 0.3:
-            kw["softmax_scale"] = r.uniform(0.05, 0.5)
+        kw = dict(draw_options(r, 30, 9), algorithm=r.choice(("flash2", "flash1", "standard")))
         varlen = r.random() < 0.4
         if varlen:
             n = r.randint(1, 4)

@@ -5,7 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from conftest import (TOL_F32, assert_close, ref_attention, ref_varlen, rel_err, needs_torch)
+from conftest import (TOL_F32, assert_close, draw_options, ref_attention, ref_varlen, rel_err,
+                      needs_torch)
 
 torch = pytest.importorskip("torch")
 import flashattn  # noqa: E402
@@ -397,13 +398,7 @@ def test_deterministic_flag_and_threads():
 
 def _drawn_options(r, b, hq, device="cpu"):
     """Options drawn from r (random.Random) for the call and for its float64 reference."""
-    kw = dict(causal=r.random() < 0.5)
-    if r.random() < 0.4:
-        kw["window_size"] = (r.choice((-1, r.randint(0, 40))), r.choice((-1, r.randint(0, 12))))
-    if r.random() < 0.2:
-        kw["softcap"] = r.uniform(1.0, 6.0)
-    if r.random() < 0.3:
-        kw["softmax_scale"] = r.uniform(0.05, 0.6)
+    kw = draw_options(r)
     if r.random() < 0.2:
         shape = (hq,) if r.random() < 0.5 else (b, hq)
         kw["alibi_slopes"] = (torch.rand(*shape, generator=torch.Generator().manual_seed(

@@ -770,13 +770,13 @@ kvcfg kv_draw(tu_rng *r, const kvdev *dev) {
   return c;
 }
 
-void kv_register_drawn(int n, const kvdev *dev) {
+void kv_register_drawn(int n, int quick, const kvdev *dev) {
   for (int i = 0; i < n; i++) {
     char group[32];
     snprintf(group, sizeof group, "drawn/%03d", i);
     tu_rng r;
     tu_rng_seed(&r, tu_hash_str(group) ^ (dev->device == FA_DEVICE_CPU ? 0 : 0x5bd1e995u));
-    kv_register(group, kv_draw(&r, dev), 0);
+    kv_register(group, kv_draw(&r, dev), i >= quick);
   }
 }
 

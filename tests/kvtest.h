@@ -86,8 +86,9 @@ void kv_register(const char *group, kvcfg c, int slow);
  * combination (dtypes and algorithms the device takes). */
 kvcfg kv_draw(tu_rng *r, const kvdev *dev);
 /* Registers n drawn configurations on dev, each drawn from its name
- * "kv/drawn/i/..." (the same n cases on every run). */
-void kv_register_drawn(int n, const kvdev *dev);
+ * "kv/drawn/i/..." (the same n cases on every run); those past the first
+ * quick are slow (skipped by --quick, as the sanitizer runs are). */
+void kv_register_drawn(int n, int quick, const kvdev *dev);
 /* The batch: n sequences, query rows lq[s] (varlen; NULL: keep) and keys
  * (or cache lengths) used[s]. */
 void kv_seqs(kvcfg *c, int n, const int *lq, const int *used);

@@ -373,5 +373,5 @@ void register_kvcache_tests(void) {
   validation_cases();
   paged_cases();
   call_cases();
-  kv_register_drawn(300, &kv_host);
+  kv_register_drawn(300, 300, &kv_host);
 }

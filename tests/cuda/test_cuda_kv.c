@@ -173,7 +173,7 @@ int main(int argc, char **argv) {
   g_dev.stream = s;
   paged_cases();
   call_cases();
-  kv_register_drawn(300, &g_dev);
+  kv_register_drawn(300, 40, &g_dev); /* 40 under the sanitizers */
   const int rc = tr_main(argc, argv);
   cudaStreamDestroy(s);
   return rc;

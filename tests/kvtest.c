@@ -733,10 +733,9 @@ kvcfg kv_draw(tu_rng *r, const kvdev *dev) {
       c.interleaved = PICK(2);
     }
     /* rotary tables of cap rows: query rows must not pass them */
-    const int room = c.rotary && all_rows && c.nq > c.nnew ? c.nq : c.nnew;
-    if (room > c.cap) c.nq = c.nnew;
-    const int top = c.cap - (c.rotary && all_rows && c.nq > c.nnew ? c.nq : c.nnew);
-    for (int s = 0; s < c.B; s++) c.used[s] = PICK(top + 1);
+    int room = c.rotary && all_rows && c.nq > c.nnew ? c.nq : c.nnew; /* rows past used */
+    if (room > c.cap) c.nq = room = c.nnew;
+    for (int s = 0; s < c.B; s++) c.used[s] = PICK(c.cap - room + 1);
     if (!c.page && PICK(4) == 0) {
       c.leftpad = 1;
       for (int s = 0; s < c.B; s++) c.lp[s] = PICK(c.used[s] + 1);

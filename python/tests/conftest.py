@@ -108,13 +108,12 @@ def ref_varlen(q, k, v, cu_q, cu_k, **kw):
     outs, lses = [], []
     cu_q = [int(x) for x in cu_q]
     cu_k = [int(x) for x in cu_k]
-    hq = q.shape[1]
+    hq, dtype = q.shape[1], kw.get("dtype") or torch.float64
     for s in range(len(cu_q) - 1):
         qs = q[cu_q[s]:cu_q[s + 1]][None]
         ks = k[cu_k[s]:cu_k[s + 1]][None]
         vs = v[cu_k[s]:cu_k[s + 1]][None]
         nq = qs.shape[1]
-        dtype = kw.get("dtype") or torch.float64
         if nq == 0:
             continue
         if ks.shape[1] == 0:
@@ -129,10 +128,44 @@ def ref_varlen(q, k, v, cu_q, cu_k, **kw):
         outs.append(o[0])
         lses.append(l[0])
     if not outs:  # no query rows at all
-        dtype = kw.get("dtype") or torch.float64
         return (q.new_zeros(q.shape, dtype=dtype),
                 torch.zeros((hq, 0), dtype=dtype, device=q.device))
     return torch.cat(outs, 0), torch.cat(lses, 1)
+
+
+def drawn_rng(env):
+    """(seed, random.Random(seed)) of a drawn test: the seed from the environment variable
+    env when set (a failure prints it), else fresh."""
+    import random
+    import time
+    seed = int(os.environ.get(env, time.time_ns() % 1000003))
+    return seed, random.Random(seed)
+
+
+def check_with_gradients(out, ref, naive, leaves, rleaves, nleaves, floor, what,
+                         grad_factor=1, grad=None):
+    """out against the float64 ref within twice the error of the same math done naively in
+    the storage dtype (at least floor: DESIGN.md's yardstick), then the gradients of a
+    random dout w.r.t. leaves (rleaves, nleaves: the references' copies) likewise, times
+    grad_factor. A reference with no path to its inputs (no key anywhere) has zero
+    gradients. grad: torch.autograd.grad, or a wrapper of it."""
+    assert out.shape == ref.shape, what
+    tol = lambda x, r: max(floor, 2 * rel_err(x, r))  # noqa: E731
+    assert_close(out.cpu(), ref, tol(naive, ref), what + ": out")
+    if out.numel() == 0:
+        return
+    dout = torch.randn_like(out)
+    grads = (grad or torch.autograd.grad)(out, leaves, dout)
+    none = [None] * len(leaves)
+    rgrads = torch.autograd.grad(ref, rleaves, dout.cpu().double(), allow_unused=True) \
+        if ref.requires_grad else none
+    ngrads = torch.autograd.grad(naive, nleaves, dout.cpu().to(naive.dtype), allow_unused=True) \
+        if naive.requires_grad else none
+    for j, (g, rg, ng) in enumerate(zip(grads, rgrads, ngrads)):
+        rg = torch.zeros(g.shape, dtype=torch.float64) if rg is None else rg
+        ng = torch.zeros(g.shape, dtype=naive.dtype) if ng is None else ng
+        assert_close(g.cpu(), rg, grad_factor * tol(ng, rg),
+                     "%s: gradient of input %d" % (what, j))
 
 
 def draw_options(r, left=40, right=12):

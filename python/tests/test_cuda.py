@@ -403,35 +403,7 @@ def test_torch_drawn_cuda(dtype, device="cuda"):
     sequences) on the GPU in 16-bit against float64 on the CPU, within twice the error of
     the same math done naively in the storage dtype (at least TOL); FLASHATTN_TORCH_SEED
     replays."""
-    import os
-    import random
-    import time
-    from test_torch import _drawn_case
-    seed = int(os.environ.get("FLASHATTN_TORCH_SEED", time.time_ns() % 1000003))
-    r = random.Random(seed)
-    for i in range(30):
-        what, leaves, call, views, reference = _drawn_case(r, device)
-        what = "FLASHATTN_TORCH_SEED=%d, case %d (%s): %s" % (seed, i, dtype, what)
-        base = [x.detach().to(dtype) for x in leaves]  # the inputs every computation sees
-        dev = [x.to(device).requires_grad_() for x in base]
-        rleaves = [x.double().requires_grad_() for x in base]
-        nleaves = [x.clone().requires_grad_() for x in base]
-        out = call(dev)
-        rout = reference(*views(rleaves), torch.float64)
-        nout = reference(*views(nleaves), dtype)
-        assert out.shape == rout.shape and out.dtype == dtype, what
-        tol = lambda naive, ref: max(TOL[dtype], 2 * rel_err(naive, ref))  # noqa: E731
-        assert_close(out.cpu(), rout, tol(nout, rout), what + ": out")
-        if out.numel() == 0:
-            continue
-        dout = torch.randn_like(out)
-        grads = _backward_or_skip(lambda: torch.autograd.grad(out, dev, dout))
-        none = [None] * len(dev)
-        rgrads = torch.autograd.grad(rout, rleaves, dout.cpu().double(), allow_unused=True) \
-            if rout.requires_grad else none
-        ngrads = torch.autograd.grad(nout, nleaves, dout.cpu(), allow_unused=True) \
-            if nout.requires_grad else none
-        for j, (gr, rg, ng) in enumerate(zip(grads, rgrads, ngrads)):
-            rg = torch.zeros(gr.shape, dtype=torch.float64) if rg is None else rg
-            ng = torch.zeros(gr.shape, dtype=dtype) if ng is None else ng
-            assert_close(gr.cpu(), rg, 2 * tol(ng, rg), "%s: gradient of input %d" % (what, j))
+    from conftest import drawn_rng
+    from test_torch import check_drawn
+    check_drawn(*drawn_rng("FLASHATTN_TORCH_SEED"), 30, device, dtype, TOL[dtype], 2,
+                lambda *a: _backward_or_skip(lambda: torch.autograd.grad(*a)))

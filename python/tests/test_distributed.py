@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import TOL_F32, ref_attention, rel_err, needs_torch
+from conftest import TOL_F32, drawn_rng, ref_attention, rel_err, needs_torch
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -279,8 +279,7 @@ def test_ring_random(world, tmp_path):
     """Drawn cases (masks, GQA, ALiBi, softcap, dropout, determinism, layout, dtype) at 3
     and 4 ranks, where neighbouring ranks' steps differ; FLASHATTN_RING_SEED replays a
     seed (in the failing case's name)."""
-    import time
-    seed = int(os.environ.get("FLASHATTN_RING_SEED", time.time_ns() % 1000003))
+    seed, _ = drawn_rng("FLASHATTN_RING_SEED")
     print("FLASHATTN_RING_SEED=%d" % seed)  # shown with a failure
     _spawn(world, tmp_path, None, None, _random_worker, (seed, 60 if world == 3 else 30))
 

@@ -1,12 +1,11 @@
 """flash_attn_with_kvcache (CPU): a padded KV cache whose rows past the used keys hold
 NaN, against the float64 reference on each sequence's used keys alone."""
-import os
 import zlib
 
 import numpy as np
 import pytest
 
-from conftest import TOL_F32, assert_close, ref_attention_np
+from conftest import TOL_F32, assert_close, drawn_rng, ref_attention_np
 
 import flashattn
 
@@ -365,10 +364,7 @@ def test_kvcache_drawn(kind):
     """Drawn combinations of the call's features (shapes, pages, append, rotary, left
     padding, batch index, masks, softcap, ALiBi, splits, algorithms); FLASHATTN_KV_SEED
     replays a run, whose seed a failure prints."""
-    import random
-    import time
-    seed = int(os.environ.get("FLASHATTN_KV_SEED", time.time_ns() % 1000003))
-    r = random.Random(seed)
+    seed, r = drawn_rng("FLASHATTN_KV_SEED")
     for i in range(60):
         kw, run = _drawn(r)
         try:
@@ -463,10 +459,7 @@ def test_varlen_block_table(kind, page, causal):
 def test_varlen_block_table_drawn(kind):
     """Drawn packed batches over paged caches: sequence lengths (empty ones among them),
     page sizes, GQA, head dims, masks, softcap, ALiBi, scale; FLASHATTN_KV_SEED replays."""
-    import random
-    import time
-    seed = int(os.environ.get("FLASHATTN_KV_SEED", time.time_ns() % 1000003))
-    r = random.Random(seed)
+    seed, r = drawn_rng("FLASHATTN_KV_SEED")
     conv = (lambda x: x) if kind == "numpy" else torch.from_numpy
     for i in range(25):
         nseq, hk = r.randint(1, 4), r.choice((1, 2))

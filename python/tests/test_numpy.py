@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from conftest import TOL_F32, assert_close, draw_options, ref_attention_np, rel_err
+from conftest import (TOL_F32, assert_close, draw_options, drawn_rng, ref_attention_np,
+                      rel_err)
 
 import flashattn
 import flashattn.numpy as fnp
@@ -214,11 +215,7 @@ def test_numpy_drawn():
     strided and read-only views, algorithms): out and lse against the float64 reference,
     gradients against the library's float64 standard algorithm (itself checked by
     gradcheck); FLASHATTN_NUMPY_SEED replays a run, whose seed a failure prints."""
-    import os
-    import random
-    import time
-    seed = int(os.environ.get("FLASHATTN_NUMPY_SEED", time.time_ns() % 1000003))
-    r = random.Random(seed)
+    seed, r = drawn_rng("FLASHATTN_NUMPY_SEED")
     for i in range(40):
         rng = np.random.default_rng(seed * 100 + i)
         hk = r.choice((1, 2, 3))

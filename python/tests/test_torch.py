@@ -5,8 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from conftest import (TOL_F32, assert_close, draw_options, ref_attention, ref_varlen, rel_err,
-                      needs_torch)
+from conftest import (TOL_F32, assert_close, check_with_gradients, draw_options, drawn_rng,
+                      ref_attention, ref_varlen, rel_err, needs_torch)
 
 torch = pytest.importorskip("torch")
 import flashattn  # noqa: E402
@@ -459,40 +459,30 @@ def _drawn_case(r, device="cpu"):
             lambda x: x, reference)
 
 
+def check_drawn(seed, r, count, device="cpu", dtype=torch.float32, floor=TOL_F32,
+                grad_factor=1, grad=None):
+    """count of _drawn_case's calls on device in dtype (the inputs rounded to it first)
+    against float64 on the CPU (check_with_gradients)."""
+    for i in range(count):
+        what, leaves, call, views, reference = _drawn_case(r, device)
+        what = "FLASHATTN_TORCH_SEED=%d, case %d (%s): %s" % (seed, i, dtype, what)
+        base = [x.detach().to(dtype) for x in leaves]  # CPU float32: views keep their strides
+        rleaves = [x.detach().double().requires_grad_() for x in base]
+        nleaves = [x.detach().clone().requires_grad_() for x in base]
+        dev = [x.to(device).requires_grad_() for x in base]
+        out = call(dev)
+        assert out.dtype == dtype, what
+        check_with_gradients(out, reference(*views(rleaves), torch.float64),
+                             reference(*views(nleaves), dtype), dev, rleaves, nleaves, floor,
+                             what, grad_factor, grad)
+
+
 def test_torch_drawn():
     """Drawn forms (plain, strided views, packed, varlen with empty sequences) and options
     against the float64 reference, out and gradients, within twice the error of the same
     math done naively in float32 (at least TOL_F32); FLASHATTN_TORCH_SEED replays a run,
     whose seed a failure prints."""
-    import random
-    import time
-    seed = int(os.environ.get("FLASHATTN_TORCH_SEED", time.time_ns() % 1000003))
-    r = random.Random(seed)
-    for i in range(40):
-        what, leaves, call, views, reference = _drawn_case(r)
-        what = "FLASHATTN_TORCH_SEED=%d, case %d: %s" % (seed, i, what)
-        leaves = [x.detach().requires_grad_() for x in leaves]  # views keep their strides
-        rleaves = [x.detach().double().requires_grad_() for x in leaves]
-        nleaves = [x.detach().clone().requires_grad_() for x in leaves]
-        out = call(leaves)
-        rout = reference(*views(rleaves), torch.float64)
-        nout = reference(*views(nleaves), torch.float32)
-        assert out.shape == rout.shape, what
-        tol = lambda naive, ref: max(TOL_F32, 2 * rel_err(naive, ref))  # noqa: E731
-        assert_close(out, rout, tol(nout, rout), what + ": out")
-        if out.numel() == 0:
-            continue
-        dout = torch.randn_like(out)
-        grads = torch.autograd.grad(out, leaves, dout)
-        none = [None] * len(leaves)  # no key anywhere: the references are constants
-        rgrads = torch.autograd.grad(rout, rleaves, dout.double(), allow_unused=True) \
-            if rout.requires_grad else none
-        ngrads = torch.autograd.grad(nout, nleaves, dout, allow_unused=True) \
-            if nout.requires_grad else none
-        for j, (gr, rg, ng) in enumerate(zip(grads, rgrads, ngrads)):
-            rg = torch.zeros_like(gr, dtype=torch.float64) if rg is None else rg
-            ng = torch.zeros_like(gr) if ng is None else ng
-            assert_close(gr, rg, tol(ng, rg), "%s: gradient of input %d" % (what, j))
+    check_drawn(*drawn_rng("FLASHATTN_TORCH_SEED"), 40)
 
 
 def _ref_block_masked(q, k, v, allowed, scale, causal, softcap, dtype):
@@ -517,10 +507,7 @@ def test_block_mask_drawn():
     the heads, empty query blocks, causal, GQA, softcap, algorithms; out and gradients
     against float64 within twice a naive float32 computation's error (at least TOL_F32);
     FLASHATTN_TORCH_SEED replays."""
-    import random
-    import time
-    seed = int(os.environ.get("FLASHATTN_TORCH_SEED", time.time_ns() % 1000003))
-    r = random.Random(seed)
+    seed, r = drawn_rng("FLASHATTN_TORCH_SEED")
     for i in range(25):
         b, hk = r.randint(1, 2), r.choice((1, 2))
         hq, d = hk * r.choice((1, 2)), r.choice((8, 16, 40, 64))
@@ -544,29 +531,20 @@ def test_block_mask_drawn():
                                         block_size=(bq, bk), algorithm=algo)
         allowed = mask.expand(b, hq, nbq, nbk).repeat_interleave(bq, 2).repeat_interleave(bk, 3)
         allowed = allowed[:, :, :nq, :nk]
-        rq, rk, rv = (x.detach().double().requires_grad_() for x in (q, k, v))
-        nq_, nk_, nv_ = (x.detach().clone().requires_grad_() for x in (q, k, v))
-        rout = _ref_block_masked(rq, rk, rv, allowed, scale, causal, softcap, torch.float64)
-        nout = _ref_block_masked(nq_, nk_, nv_, allowed, scale, causal, softcap, torch.float32)
-        tol = lambda naive, ref: max(TOL_F32, 2 * rel_err(naive, ref))  # noqa: E731
-        assert_close(out, rout, tol(nout, rout), what + ": out")
-        dout = torch.randn_like(out)
-        grads = torch.autograd.grad(out, (q, k, v), dout)
-        rgrads = torch.autograd.grad(rout, (rq, rk, rv), dout.double())
-        ngrads = torch.autograd.grad(nout, (nq_, nk_, nv_), dout)
-        for name, a, rg, ng in zip("qkv", grads, rgrads, ngrads):
-            assert_close(a, rg, tol(ng, rg), what + ": d" + name)
+        rl = [x.detach().double().requires_grad_() for x in (q, k, v)]
+        nl = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        check_with_gradients(
+            out, _ref_block_masked(*rl, allowed, scale, causal, softcap, torch.float64),
+            _ref_block_masked(*nl, allowed, scale, causal, softcap, torch.float32), (q, k, v),
+            rl, nl, TOL_F32, what)
 
 
 def test_sdpa_drawn():
     """Drawn calls of flashattn.scaled_dot_product_attention (batched or not, GQA, causal
     top-left with nq != nk, scale, (B, H, N, D) tensors or transposed (B, N, H, D) views)
     against torch's own in float64, out and gradients; FLASHATTN_TORCH_SEED replays."""
-    import random
-    import time
     F = torch.nn.functional
-    seed = int(os.environ.get("FLASHATTN_TORCH_SEED", time.time_ns() % 1000003))
-    r = random.Random(seed)
+    seed, r = drawn_rng("FLASHATTN_TORCH_SEED")
     for i in range(30):
         b, hk = r.randint(1, 3), r.choice((1, 2))
         hq, d = hk * r.choice((1, 2, 3)), r.choice((1, 8, 16, 40, 64, 128))
@@ -587,14 +565,6 @@ def test_sdpa_drawn():
         out = flashattn.scaled_dot_product_attention(*leaves, **kw)
         rl = [x.detach().double().requires_grad_() for x in leaves]
         nl = [x.detach().clone().requires_grad_() for x in leaves]
-        rout, nout = F.scaled_dot_product_attention(*rl, **kw), \
-            F.scaled_dot_product_attention(*nl, **kw)
-        tol = lambda naive, ref: max(TOL_F32, 2 * rel_err(naive, ref))  # noqa: E731
-        assert out.shape == rout.shape, what
-        assert_close(out, rout, tol(nout, rout), what + ": out")
-        dout = torch.randn_like(out)
-        grads = torch.autograd.grad(out, leaves, dout)
-        rgrads = torch.autograd.grad(rout, rl, dout.double())
-        ngrads = torch.autograd.grad(nout, nl, dout)
-        for name, a, rg, ng in zip("qkv", grads, rgrads, ngrads):
-            assert_close(a, rg, tol(ng, rg), what + ": d" + name)
+        check_with_gradients(out, F.scaled_dot_product_attention(*rl, **kw),
+                             F.scaled_dot_product_attention(*nl, **kw), leaves, rl, nl,
+                             TOL_F32, what)

@@ -87,7 +87,9 @@ def _run_case(name, kw, layout, dtype, rank, world, group, seed=None):
         single = dict(zip(("out", "dq", "dk", "dv"), (ro,) + tuple(rg)))
         for nm in ("out", "dq", "dk", "dv"):
             e = rel_err(mine[nm], refs[nm][:, pos])
-            lim = 2 * rel_err(single[nm], refs[nm]) + (2e-3 if nm == "out" else 4e-3)
+            # the yardstick over the same rows: a rank's rows may err more than the whole
+            lim = 2 * rel_err(single[nm][:, pos], refs[nm][:, pos]) + \
+                (2e-3 if nm == "out" else 4e-3)
             assert e <= lim, "%s %s: %.3g > %.3g (twice single-process's error + floor)" % (
                 what, nm, e, lim)
         assert rel_err(lse, fl[:, :, pos]) <= 1e-3, "%s lse: %.3g" % (what, errs["lse"])

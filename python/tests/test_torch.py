@@ -1,6 +1,5 @@
 """torch CPU path: outputs and gradients against the float64 torch reference."""
 import math
-import os
 
 import numpy as np
 import pytest

@@ -1248,8 +1248,8 @@ static void full_suite(void) {
       c.kv = 1, c.used[0] = 700, c.used[1] = 1000;
       run_case(&c);
       /* prefill against a cache on the Hopper kernels (K/V maps end at each
-       * sequence's used keys); the same in (B, H, N, D), which they cannot map
-       * that way (the sm_80 kernels) */
+       * sequence's used keys), in (B, N, H, D) and in (B, H, N, D) (a
+       * sequence's rows from the next's: heads x seqlen) */
       for (int l = 0; l < 2; l++) {
         c = base(nm("%s D=%d %s",
                     l ? "kvcache bhnd B=2 nq=200 nk=1000 used 517/1000 causal"

@@ -104,6 +104,7 @@ struct BwdParams {
    * clip at each sequence's end, varlen too. Partials are staged 128-byte
    * swizzled (2-way bank conflicts) as 32-column boxes. */
   CUtensorMap tdq;
+  int kv_rows; /* a KV cache's map: rows from one sequence to the next (kv_map_rows) */
 };
 
 template <int D>
@@ -230,7 +231,8 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
   };
 
   /* this sequence's row 0 in the Q, dO and dQ maps, and in the K and V maps */
-  const MapSeq mq = map_seq(p.cu_q != nullptr, b, p.nq, sv.q0, nq), mkv = map_kv(p, b, sv);
+  const MapSeq mq = map_seq(p.cu_q != nullptr, b, p.nq, sv.q0, nq),
+               mkv = map_kv(p, P.kv_rows, b, sv);
 
   const int tid = threadIdx.x;
   if (tid == 0) {
@@ -660,15 +662,17 @@ fa_status bwd_launch(const BwdArgs &a, cudaStream_t stream) {
   if (a.deterministic) prm.a.det_wave = persistent_ctas(INT_MAX / 2);
   const bool pk = a.cu_q != nullptr; /* varlen: packed maps (forward_sm90.cu) */
   const int64_t hk = a.heads_q / a.group;
+  const bool cache = a.used_k != nullptr && !pk;
+  prm.kv_rows = cache ? (int)kv_map_rows(a) : a.nk;
   fa_status st;
   if ((st = make_map(&prm.tq, BF, a.q, a.d, a.nq, a.heads_q, a.batch, a.q_ss, a.q_sh, a.q_sb, pk,
                      S::BR)) != FA_OK ||
       (st = make_map(&prm.tdo, BF, a.dout, a.d, a.nq, a.heads_q, a.batch, a.do_ss, a.do_sh, a.do_sb,
                      pk, S::BR)) != FA_OK ||
-      (st = make_kv_map(&prm.tk, BF, a.k, a.d, a.nk, hk, a.batch, a.k_ss, a.k_sh, a.k_sb, pk,
-                        a.used_k != nullptr, S::BC)) != FA_OK ||
-      (st = make_kv_map(&prm.tv, BF, a.v, a.d, a.nk, hk, a.batch, a.v_ss, a.v_sh, a.v_sb, pk,
-                        a.used_k != nullptr, S::BC)) != FA_OK ||
+      (st = make_kv_map(&prm.tk, BF, a.k, a.d, prm.kv_rows, hk, a.batch, a.k_ss, a.k_sh, a.k_sb, pk,
+                        cache, S::BC)) != FA_OK ||
+      (st = make_kv_map(&prm.tv, BF, a.v, a.d, prm.kv_rows, hk, a.batch, a.v_ss, a.v_sh, a.v_sb, pk,
+                        cache, S::BC)) != FA_OK ||
       (st = make_map_f32(&prm.tdq, a.dq_acc, D, a.nq, a.heads_q, a.batch, pk, 64)) != FA_OK)
     return st;
   if ((st = bwd_rows_launch<T, D>(a, stream, false)) != FA_OK) return st;

@@ -66,6 +66,7 @@ struct FwdParams {
   CUtensorMap tq, tk, tv; /* (d, seqlen, heads, batch) boxes of 64 columns */
   Schedule sched;         /* query blocks per (sequence, head), in launch order */
   int box;                /* a paged cache: rows per K/V box, gcd(page size, BC) */
+  int kv_rows;            /* a KV cache's map: rows from one sequence to the next */
 };
 
 template <int D, int NWG>
@@ -252,7 +253,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         }
         if (!more) break;
         const int hk = k.h / p.group;
-        const MapSeq mk = map_kv(p, k.b, k.sv);
+        const MapSeq mk = map_kv(p, P.kv_rows, k.b, k.sv);
         for_each_live(k.kt.n_end - k.kt.n_begin, tile_skip(k), [&](int kk) {
           const int n = k.kt.n_end - 1 - kk, st = i % ST, ph = (i / ST) & 1;
           ++i;
@@ -579,11 +580,14 @@ fa_status fwd_launch_as(const FwdArgs &a, cudaStream_t stream) {
         (st = make_map(&prm.tv, BF, a.v, a.d, a.page, hk, a.kv_batch, a.v_ss, a.v_sh, a.v_sb, false,
                        g)) != FA_OK)
       return st;
-  } else if ((st = make_kv_map(&prm.tk, BF, a.k, a.d, a.nk, hk, a.kv_batch, a.k_ss, a.k_sh, a.k_sb,
-                               pk, a.used_k != nullptr, S::BC)) != FA_OK ||
-             (st = make_kv_map(&prm.tv, BF, a.v, a.d, a.nk, hk, a.kv_batch, a.v_ss, a.v_sh, a.v_sb,
-                               pk, a.used_k != nullptr, S::BC)) != FA_OK) {
-    return st;
+  } else {
+    const bool cache = a.used_k != nullptr && !pk;
+    prm.kv_rows = cache ? (int)kv_map_rows(a) : a.nk;
+    if ((st = make_kv_map(&prm.tk, BF, a.k, a.d, prm.kv_rows, hk, a.kv_batch, a.k_ss, a.k_sh,
+                          a.k_sb, pk, cache, S::BC)) != FA_OK ||
+        (st = make_kv_map(&prm.tv, BF, a.v, a.d, prm.kv_rows, hk, a.kv_batch, a.v_ss, a.v_sh,
+                          a.v_sb, pk, cache, S::BC)) != FA_OK)
+      return st;
   }
   auto kernel = fwd_kernel<T, D, NWG, DECODE, PAGED>;
   static bool attr_done = false;
@@ -621,15 +625,13 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
 
 }  // namespace sm90
 
-/* make_kv_map can map this KV cache: a varlen batch, or fixed lengths whose
- * sequences are row-contiguous in K and V (batch stride = seqlen x row stride,
- * as in a (batch, seqlen, heads, d) cache; any layout at batch 1), their rows
- * within the maps' 32-bit coordinates. Otherwise the sm_80 kernels, whose
- * loads stop at each sequence's last used key. */
-static bool kv_cache_mappable(const AttnArgs &a) {
-  const int64_t nk = a.nk;
-  return a.cu_q != nullptr || a.kv_batch == 1 ||
-         (a.k_sb == nk * a.k_ss && a.v_sb == nk * a.v_ss && (int64_t)a.kv_batch * nk < INT_MAX / 2);
+int64_t sm90::kv_map_rows(const AttnArgs &a) {
+  if (a.kv_batch == 1) return a.nk;
+  if (a.k_ss <= 0 || a.v_ss <= 0 || a.k_sb % a.k_ss != 0 || a.v_sb % a.v_ss != 0) return -1;
+  const int64_t rows = a.k_sb / a.k_ss;
+  /* the sequences' rows within the maps' 32-bit coordinates */
+  if (rows < a.nk || a.v_sb / a.v_ss != rows || rows > INT_MAX / 2 / a.kv_batch) return -1;
+  return rows;
 }
 
 bool sm90_forward_covers(const AttnArgs &a) {
@@ -637,7 +639,8 @@ bool sm90_forward_covers(const AttnArgs &a) {
    * 64 x 128 backward): a tile is then wholly visible or wholly skipped */
   const bool bm_fits = a.bmask == NULL || (a.bm_q % 128 == 0 && a.bm_k % 128 == 0);
   /* paged: boxes of gcd(page size, BC) rows, a multiple of the swizzle's 8 */
-  const bool kv_ok = a.block_table ? a.page % 8 == 0 : a.used_k == NULL || kv_cache_mappable(a);
+  const bool kv_ok =
+      a.block_table ? a.page % 8 == 0 : !a.used_k || a.cu_q || sm90::kv_map_rows(a) > 0;
   /* the KV-cache call's left padding and batch indices: the sm_80 kernels */
   if (a.k_start || a.k_batch) return false;
   if (a.drop.keep_scale > 0.f || !bm_fits || a.cap_log2 > 0.f || a.alibi != NULL ||

@@ -48,7 +48,8 @@ fa_status make_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t s
                    int box_rows, int box_heads = 1);
 /* make_map for K or V: packed for varlen, and for a fixed-length KV cache
  * (cache: used_k given) whose batch's rows are then one packed sequence of
- * batch * seqlen rows (map_kv in wgmma.cuh gives a sequence's coordinates), so
+ * batch * seqlen rows, seqlen the rows from one sequence's first key to the
+ * next's (kv_map_rows; map_kv in wgmma.cuh gives a sequence's coordinates), so
  * each sequence's map ends at its last used key. */
 fa_status make_kv_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_t seqlen,
                       int64_t heads, int64_t batch, int64_t ss, int64_t sh, int64_t sb, bool varlen,
@@ -57,6 +58,13 @@ fa_status make_kv_map(CUtensorMap *m, bool bf16, const void *base, int d, int64_
  * accumulator; varlen: (heads, total rows, d)), boxes of 32 columns x
  * box_rows rows: rows past a sequence's end are outside it, so reductions
  * into them are dropped. */
+/* The rows make_kv_map's cache map puts from one sequence's first key to the
+ * next's: K's batch stride over its row stride, so any layout whose batch
+ * stride is a whole number of rows, the same for K and V, maps: (batch,
+ * seqlen, heads, d) gives seqlen, (batch, heads, seqlen, d) heads x seqlen.
+ * nk at batch 1; -1 when the cache cannot be mapped so (the sm_80 kernels
+ * then run). */
+int64_t kv_map_rows(const AttnArgs &a);
 fa_status make_map_f32(CUtensorMap *m, const float *base, int d, int64_t seqlen, int64_t heads,
                        int64_t batch, bool packed, int box_rows);
 }  // namespace sm90

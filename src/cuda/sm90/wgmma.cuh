@@ -209,13 +209,14 @@ __device__ __forceinline__ MapSeq map_seq(bool packed, int b, int total, int64_t
   return packed ? MapSeq{total - len, (int)start + len} : MapSeq{0, b};
 }
 /* Sequence b's row 0 in the K and V maps (make_kv_map): packed for varlen and
- * for a KV cache (used_k; its batch's rows as one packed sequence), so the
- * map ends at the sequence's last used key (sv.nk) and rows past it load as
- * zeros: a cache's unused rows, NaN or not, never reach P V. */
+ * for a KV cache (used_k; its batch's rows as one packed sequence, rows apart
+ * from one sequence's first key to the next's: kv_map_rows), so the map ends
+ * at the sequence's last used key (sv.nk) and rows past it load as zeros: a
+ * cache's unused rows, NaN or not, never reach P V. */
 template <typename Args, typename View>
-__device__ __forceinline__ MapSeq map_kv(const Args &p, int b, const View &sv) {
+__device__ __forceinline__ MapSeq map_kv(const Args &p, int rows, int b, const View &sv) {
   if (p.cu_q) return map_seq(true, b, p.nk, sv.k0, sv.nk);
-  if (p.used_k) return map_seq(true, b, p.kv_batch * p.nk, (int64_t)b * p.nk, sv.nk);
+  if (p.used_k) return map_seq(true, b, p.kv_batch * rows, (int64_t)b * rows, sv.nk);
   return map_seq(false, b, p.nk, 0, sv.nk);
 }
 /* Named barrier over `count` threads (id 0 is __syncthreads'). */

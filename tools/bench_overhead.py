@@ -7,7 +7,10 @@ synchronisation: what a step costs when the kernel is short). Candidates:
 
     flashattn       flashattn.flash_attn_func on (B, N, H, D) tensors (decode:
                     flash_attn_with_kvcache); flashattn-sdpa: flashattn's
-                    scaled_dot_product_attention on (B, H, N, D)
+                    scaled_dot_product_attention on (B, H, N, D); flashattn-bhnd
+                    (decode): the KV-cache call on the cache SDPA reads, each K/V
+                    head's keys contiguous (flash-attn's own cache layout is
+                    (B, N, H, D), where a tile of keys is a strided read)
     sdpa            F.scaled_dot_product_attention, default backend selection, no
                     context manager
     sdpa-flash      SDPA inside sdpa_kernel(FLASH_ATTENTION) (entered once per batch of
@@ -126,6 +129,9 @@ def candidates(kind, c, device, splits=()):
                                                                 num_splits=sp), None)
         qs = q.transpose(1, 2).contiguous()
         ks, vs = kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
+        # ours on the memory SDPA reads: each K/V head's keys contiguous (B, H, N, D)
+        res["flashattn-bhnd"] = (lambda: flashattn.flash_attn_with_kvcache(
+            q, ks.transpose(1, 2), vs.transpose(1, 2), cache_seqlens=lens), None)
         # K/V heads repeated for backends without grouped-query support (outside the timing)
         kr, vr = ks.repeat_interleave(hq // hk, 1), vs.repeat_interleave(hq // hk, 1)
         res["sdpa"] = (_gqa_call(qs, ks, vs, kr, vr, None), None)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Paged KV caches and the KV-cache call on one GPU: flashattn's forward over a
-contiguous cache, the same keys in pages of 16 and 256 rows (each sequence's
-pages in random order through a block table), and the KV-cache call that first
+contiguous cache, the same keys in pages of 16 and 256 rows (--pages; each
+sequence's pages in random order through a block table), and the KV-cache call that first
 appends the new rows (and rotates them and q), beside PyTorch SDPA's cuDNN and
 flash backends on the contiguous cache, in the same process. Decode (one query
 row per head) and a causal prefill chunk against the cache. Times are
@@ -9,6 +9,7 @@ microseconds per call replayed from CUDA graphs of 20 calls (tools/bench_decode.
 medians; ratios against our contiguous forward of the same keys.
 
 Usage: python3 tools/bench_paged.py --lib build-gpu/libflashattn.so [--json out.json]
+           [--quick] [--pages 16,32,64,256] [--only decode|prefill]
 """
 import argparse
 import ctypes as C
@@ -138,6 +139,9 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
+    ap.add_argument("--pages", default="16,256",
+                    help="page sizes timed (comma-separated; the first also with rotary)")
+    ap.add_argument("--only", default="", help="decode or prefill: that kind of shape alone")
     a = ap.parse_args()
     ours = Ours(a.lib)
     lib = ours.lib
@@ -145,14 +149,18 @@ def main():
     lib.fa_kvcache_workspace_size.restype = C.c_int
     torch.manual_seed(0)
     print("bf16, D=128, H=32, Hk=8; us per call (CUDA graphs of 20 calls); ratio to contiguous")
-    cols = [("contig", 0, 0, 0), ("page16", 16, 0, 0), ("page256", 256, 0, 0),
-            ("append", 0, 1, 0), ("rotary", 0, 1, 1), ("rotary16", 16, 1, 1)]
+    pages = [int(x) for x in a.pages.split(",") if x]
+    cols = ([("contig", 0, 0, 0)] + [("page%d" % pg, pg, 0, 0) for pg in pages] +
+            [("append", 0, 1, 0), ("rotary", 0, 1, 1)] +
+            [("rotary%d" % pg, pg, 1, 1) for pg in pages[:1]])
     print("| shape | B | Nk | " + " | ".join(c[0] for c in cols) + " | sdpa flash | sdpa cudnn |")
     print("|---|---|---|" + "---|" * (len(cols) + 2))
     rows = []
     shapes = [("decode", 1, 1, False), ("decode", 16, 1, False), ("prefill", 1, 256, True)]
     nks = (2048, 8192) if a.quick else (2048, 8192, 16384)
     for kind, B, nq, causal in shapes:
+        if a.only and kind != a.only:
+            continue
         for Nk in nks:
             c = Case(lib, B, 32, 8, 128, nq, Nk, causal)
             r = {"shape": kind, "B": B, "nq": nq, "Nk": Nk, "causal": causal}

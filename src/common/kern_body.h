@@ -718,7 +718,7 @@ static void SFX(pv_kv)(int64_t m, int64_t n, int64_t d, const float *P, int64_t 
 /* One query row per query head: key j's row holds every K/V head's part side
  * by side, and reading it whole, in address order, is what the hardware
  * prefetcher streams (head by head, a head's 256 bytes every 2 KiB, it
- * fetched half the bandwidth: docs/PERF.md, CPU F2). Under GQA the SG =
+ * fetched half the bandwidth on a Zen 4 host). Under GQA the SG =
  * group rows of a K/V head share its part: each K or V vector is converted
  * once for them. */
 static inline __attribute__((always_inline)) void SFX(dots_rows_dt)(

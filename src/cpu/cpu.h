@@ -300,7 +300,7 @@ static inline void cpu_dropout_apply(const cpu_ctx *c, const cpu_unit *u, float 
  * (Nq * group); fa_cpu_forward dispatches to it. The tile path's units are
  * query heads, so with a few rows in many query heads per K/V head (MQA,
  * large GQA groups) each of them read all of K and V again: 2-8x slower than
- * the decode path, which reads them once per K/V head (docs/PERF.md, CPU F4). */
+ * the decode path, which reads them once per K/V head (Zen 4 host). */
 #define CPU_DECODE_NQ 16
 #define CPU_DECODE_ROWS 64
 int cpu_decode_applies(const fa_problem *pb);

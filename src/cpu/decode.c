@@ -51,8 +51,9 @@ enum {
    * alternate 64 KiB runs (32 keys at H=8, D=128, f16) read 0.83-0.89 of
    * one stream's DRAM rate on a Zen 4 host in its fast-DRAM minutes, 256 KiB
    * runs 0.95-1.04 (with no arithmetic: tools/dev/kv_stream.c); the decode went
-   * 4-7% faster with them (docs/PERF.md, CPU F7) */
-  DEC_ROWS_BYTES = 256 << 10,
+   * 4-7% faster with them, and 1-7% faster again with 512 KiB runs (Zen 4
+   * host, alternating runs; docs/PERF.md, CPU decode) */
+  DEC_ROWS_BYTES = 512 << 10,
   DEC_ROWS_MAX = 256
 };
 
@@ -74,7 +75,7 @@ typedef struct dec_plan {
 /* The key-row path's shapes: one query row per query head, 1, 2 or 4 query
  * heads per K/V head. Larger groups are compute-bound and go head by head,
  * whose register tiles keep O across keys (8 per K/V head: the same time on
- * either path, 16: 1.2x slower key-row; docs/PERF.md, CPU F8), and so do
+ * either path, 16: 1.2x slower key-row, on a Zen 4 host), and so do
  * ratios such as 3. */
 static int dec_rows_path(const fa_problem *pb, const dec_plan *p) {
   const int64_t g = pb->group;
@@ -235,25 +236,36 @@ static void dec_rows_block(const cpu_ctx *c, const dec_plan *p, const dec_bufs *
    * hardware prefetcher streams within a page but starts each page over;
    * asked early, it streams every page from its start. One prefetch per two
    * keys at H=8, D=128, f16, not one per line (which was slower); from DRAM
-   * +5-7% (f16/bf16/f32, alternating runs, docs/PERF.md CPU F6). */
+   * +5-7% (f16/bf16/f32, alternating runs on a Zen 4 host). */
   int64_t j = c0 + DEC_PAGE_AHEAD;
   const int64_t jend = cpu_min(khi, c0 + DEC_PAGE_AHEAD + nc);
-  if (j < jend) /* in runs of consecutive rows (pages) */
+  const int64_t khs = pb->k.stride_head * es, vhs = pb->v.stride_head * es, G = pb->group;
+  const int outer = pb->k.stride_head > pb->k.stride_seq; /* each head's keys contiguous */
+  if (j < jend) /* in runs of consecutive rows (pages); every head's where heads are outer */
     for (cpu_kv_cursor pf = cpu_kv_at(c, sq, 0, j);;) {
       const int64_t n = cpu_min(pf.left, jend - j);
-      for (int64_t o = 0; o < n * pf.ks; o += 4096) __builtin_prefetch(pf.k + o, 0, 2);
-      for (int64_t o = 0; o < n * pf.vs; o += 4096) __builtin_prefetch(pf.v + o, 0, 2);
+      for (int64_t h = 0; h < (outer ? pb->heads_k : 1); h++) {
+        for (int64_t o = 0; o < n * pf.ks; o += 4096) __builtin_prefetch(pf.k + h * khs + o, 0, 2);
+        for (int64_t o = 0; o < n * pf.vs; o += 4096) __builtin_prefetch(pf.v + h * vhs + o, 0, 2);
+      }
       if ((j += n) >= jend) break;
       cpu_kv_step(&pf, n);
     }
   /* The block's K rows, run by run (a paged cache's pages), then its V
    * rows: long K and V streams, not one page's each in turn (alternating
-   * 32 KiB runs, pages of 16 keys at H=8, D=128, f16, ran 1.35x slower) */
+   * 32 KiB runs, pages of 16 keys at H=8, D=128, f16, ran 1.35x slower).
+   * Heads outside the rows ((B, H, N, D): each head's keys contiguous) go
+   * a vector of query rows at a time, 8 / group K/V heads: each call then
+   * streams those heads' runs rather than every head's 256 bytes of each
+   * key in turn. */
+  const int64_t step = outer ? FA_VL : p->rall;
   cpu_kv_cursor cu = cpu_kv_at(c, sq, 0, c0);
   for (int64_t j0 = 0;;) {
     const int64_t n = cpu_min(cu.left, nc - j0);
-    c->kn->dots_rows(p->rall, n, c->Dp, b->Q, c->Dp, cu.k, cu.ks, pb->k.stride_head * es, pb->group,
-                     pb->dtype, b->S + j0 * p->rall8, p->rall8, c->scale);
+    for (int64_t r0 = 0; r0 < p->rall; r0 += step)
+      c->kn->dots_rows(cpu_min(step, p->rall - r0), n, c->Dp, b->Q + r0 * c->Dp, c->Dp,
+                       cu.k + r0 / p->rows * khs, cu.ks, khs, G, pb->dtype,
+                       b->S + j0 * p->rall8 + r0, p->rall8, c->scale);
     if ((j0 += n) >= nc) break;
     cpu_kv_step(&cu, n);
   }
@@ -261,9 +273,10 @@ static void dec_rows_block(const cpu_ctx *c, const dec_plan *p, const dec_bufs *
   cu = cpu_kv_at(c, sq, 0, c0);
   for (int64_t j0 = 0;;) { /* O rescaled with the first run only: one pass over it, not a page's */
     const int64_t n = cpu_min(cu.left, nc - j0);
-    c->kn->pv_rows(p->rall, n, c->Dp, b->S + j0 * p->rall8, p->rall8, cu.v, cu.vs,
-                   pb->v.stride_head * es, pb->group, pb->dtype, st->O, c->Dp,
-                   j0 ? NULL : b->alpha);
+    for (int64_t r0 = 0; r0 < p->rall; r0 += step)
+      c->kn->pv_rows(cpu_min(step, p->rall - r0), n, c->Dp, b->S + j0 * p->rall8 + r0, p->rall8,
+                     cu.v + r0 / p->rows * vhs, cu.vs, vhs, G, pb->dtype, st->O + r0 * c->Dp, c->Dp,
+                     j0 ? NULL : b->alpha + r0);
     if ((j0 += n) >= nc) break;
     cpu_kv_step(&cu, n);
   }
@@ -318,7 +331,7 @@ static void dec_split(const cpu_ctx *c, const dec_plan *p, dec_bufs *b, char *st
    * in place of the per-head prefetches took 3.6 ms (128 KiB per block
    * evicts the block in use). Splitting each head's burst (K before its
    * block, V after): 3-20% faster over eight alternating rounds on a Zen 4
-   * host (docs/PERF.md, CPU F2). */
+   * host. */
   const int64_t es = c->esize, D = c->D;
   const int whole = Hk > 1 && pb->k.stride_head == D && pb->v.stride_head == D;
   const int64_t span = Hk * D * es;

@@ -425,14 +425,16 @@ static void reg_decode(void) {
   }
   /* The same under GQA: 2 and 4 query heads sharing each K/V part of a key
    * row, in every layout and with head dims that end in a partial step; 3
-   * and 8 per K/V head go head by head */
-  static const int grp_h[6][2] = {{16, 8}, {8, 2}, {32, 8}, {8, 4}, {24, 8}, {64, 8}},
-                   grp_d[6] = {128, 40, 64, 72, 128, 128};
-  for (int i = 0; i < 6; i++) {
+   * and 8 per K/V head go head by head. BHND caches go a vector of query
+   * rows at a time: the last two end in a part of one (12 and 6 rows). */
+  static const int grp_h[8][2] = {{16, 8}, {8, 2},  {32, 8}, {8, 4},
+                                  {24, 8}, {64, 8}, {12, 3}, {6, 3}},
+                   grp_d[8] = {128, 40, 64, 72, 128, 128, 128, 64};
+  for (int i = 0; i < 8; i++) {
     acfg c = decode_case(i, grp_h[i][0], grp_h[i][1], 1);
     c.nk = 1200 + 7 * i;
     c.d = grp_d[i];
-    c.layout = i % 3 == 1 ? TU_PADDED : i % 3 == 2 ? TU_BHND : TU_BNHD;
+    c.layout = i >= 6 || i % 3 == 2 ? TU_BHND : i % 3 == 1 ? TU_PADDED : TU_BNHD;
     reg("decode-rows-gqa", &c);
     if (i == 0) attn_register_fn("decode-threads", threads_fn, &c, 0);
   }

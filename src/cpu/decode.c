@@ -52,7 +52,7 @@ enum {
    * one stream's DRAM rate on a Zen 4 host in its fast-DRAM minutes, 256 KiB
    * runs 0.95-1.04 (with no arithmetic: tools/dev/kv_stream.c); the decode went
    * 4-7% faster with them, and 1-7% faster again with 512 KiB runs (Zen 4
-   * host, alternating runs; docs/PERF.md, CPU decode) */
+   * host, alternating runs; docs/PERF.md, "CPU: decode and KV cache") */
   DEC_ROWS_BYTES = 512 << 10,
   DEC_ROWS_MAX = 256
 };

@@ -3,7 +3,7 @@
  * block of V, and so on (whole blocks of its slice); beside it the one
  * contiguous stream per thread that flashattn-bench --peak measures. Tells
  * what the decode's access pattern can reach from DRAM on this host
- * (docs/PERF.md, CPU F7).
+ * (docs/PERF.md, "CPU: decode and KV cache").
  *   cc -O2 -mavx2 -fopenmp tools/dev/kv_stream.c -o kv_stream
  *   ./kv_stream [MiB of each array, 64] [KiB per block, 64] */
 #include <immintrin.h>

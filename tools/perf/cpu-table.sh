@@ -4,7 +4,7 @@
 # f32/f16, causal or not; forward and backward), llama.cpp's two prefill shapes and the
 # decode at Nk=16384 (64 MiB of K/V, twice a 32 MiB L3) and Nk=65536, whose K/V rate is given
 # from the median run and from the best run (like --peak's DRAM figure,
-# the best of its passes). docs/PERF.md, CPU F5.
+# the best of its passes). docs/PERF.md, "CPU: against the FMA peak".
 #   tools/perf/cpu-table.sh            (BENCH=path/to/flashattn-bench to time another build)
 #   tools/perf/cpu-table.sh --decode   (the two decode rows alone)
 set -uo pipefail

@@ -411,11 +411,12 @@ static void reg_decode(void) {
   }
   /* One query row per K/V head: whole K and V rows in key order
    * (dots_rows / pv_rows), across more heads than a vector has lanes, a
-   * partial group of lanes, one head, every dtype, the strided layouts, and
-   * head dims that end in a part of the dots' 4-vector step (72, 40) */
-  static const int rows_h[8] = {12, 20, 1, 8, 3, 9, 5, 16},
-                   rows_d[8] = {128, 64, 256, 128, 96, 64, 72, 40};
-  for (int i = 0; i < 8; i++) {
+   * partial group of lanes, one head, every dtype, the strided layouts,
+   * head dims that end in a part of the dots' 4-vector step (72, 40), and O
+   * rows past 16 KiB (40 heads of 128: P V takes 4 keys a pass) */
+  static const int rows_h[9] = {12, 20, 1, 8, 3, 9, 5, 16, 40},
+                   rows_d[9] = {128, 64, 256, 128, 96, 64, 72, 40, 128};
+  for (int i = 0; i < 9; i++) {
     acfg c = decode_case(i, rows_h[i], rows_h[i], 1);
     c.nk = 1100 + 13 * i;
     c.d = rows_d[i];
@@ -426,15 +427,16 @@ static void reg_decode(void) {
   /* The same under GQA: 2 and 4 query heads sharing each K/V part of a key
    * row, in every layout and with head dims that end in a partial step; 3
    * and 8 per K/V head go head by head. BHND caches go a vector of query
-   * rows at a time: the last two end in a part of one (12 and 6 rows). */
-  static const int grp_h[8][2] = {{16, 8}, {8, 2},  {32, 8}, {8, 4},
-                                  {24, 8}, {64, 8}, {12, 3}, {6, 3}},
-                   grp_d[8] = {128, 40, 64, 72, 128, 128, 128, 64};
-  for (int i = 0; i < 8; i++) {
+   * rows at a time: the next two end in a part of one (12 and 6 rows); the
+   * last has O rows past 16 KiB (64 rows of 128: P V takes 2 keys a pass). */
+  static const int grp_h[9][2] = {{16, 8}, {8, 2},  {32, 8}, {8, 4},  {24, 8},
+                                  {64, 8}, {12, 3}, {6, 3},  {64, 32}},
+                   grp_d[9] = {128, 40, 64, 72, 128, 128, 128, 64, 128};
+  for (int i = 0; i < 9; i++) {
     acfg c = decode_case(i, grp_h[i][0], grp_h[i][1], 1);
     c.nk = 1200 + 7 * i;
     c.d = grp_d[i];
-    c.layout = i >= 6 || i % 3 == 2 ? TU_BHND : i % 3 == 1 ? TU_PADDED : TU_BNHD;
+    c.layout = i == 8 ? TU_BNHD : i >= 6 || i % 3 == 2 ? TU_BHND : i % 3 == 1 ? TU_PADDED : TU_BNHD;
     reg("decode-rows-gqa", &c);
     if (i == 0) attn_register_fn("decode-threads", threads_fn, &c, 0);
   }

@@ -790,7 +790,37 @@ static inline __attribute__((always_inline)) void SFX(pv_rows_dt)(
     float *o = O + r * ldo;
     for (int64_t c = 0; c < d; c += FA_VL) vf_store(o + c, vf_mul(vf_load(o + c), s));
   }
-  for (int64_t j = 0; j < n; j++)
+  /* O rows past half of L1: KB keys a pass over them, each O vector loaded
+   * and stored once for KB products, added in key order (the same roundings
+   * as key by key): 64 heads of 128, f16, 12-15% faster on a Zen 4 host.
+   * Below that the key rows are read one whole row after another, which
+   * streams better (KB keys a pass slowed 8 heads' decode) */
+  const int KB = SG == 1 ? 4 : 2;
+  int64_t j = 0;
+  if (nr * d * (int64_t)sizeof(float) > (16 << 10))
+    for (; j + KB <= n; j += KB)
+      for (int64_t r = 0; r < nr; r += SG) {
+        vf p[4][4];
+#pragma GCC unroll 4
+        for (int t = 0; t < KB; t++)
+#pragma GCC unroll 4
+          for (int g = 0; g < SG; g++) p[t][g] = vf_set1(PT[(j + t) * ldp + r + g]);
+        const char *vh = v + j * vs + (r / group) * vhs;
+        float *o = O + r * ldo;
+        for (int64_t c = 0; c < d; c += FA_VL) {
+          vf x[4];
+#pragma GCC unroll 4
+          for (int t = 0; t < KB; t++) x[t] = SFX(load_kv8)(vh + t * vs, c, dt);
+#pragma GCC unroll 8
+          for (int g = 0; g < SG; g++) {
+            vf acc = vf_load(o + g * ldo + c);
+#pragma GCC unroll 4
+            for (int t = 0; t < KB; t++) acc = vf_fma(p[t][g], x[t], acc);
+            vf_store(o + g * ldo + c, acc);
+          }
+        }
+      }
+  for (; j < n; j++)
     for (int64_t r = 0; r < nr; r += SG) {
       vf p[4];
 #pragma GCC unroll 4

@@ -413,8 +413,8 @@ static void reg_decode(void) {
    * (dots_rows / pv_rows), across more heads than a vector has lanes, a
    * partial group of lanes, one head, every dtype, the strided layouts,
    * head dims that end in a part of the dots' 4-vector step (72, 40), and O
-   * rows past 16 KiB (40 heads of 128: P V takes 4 keys a pass) */
-  static const int rows_h[9] = {12, 20, 1, 8, 3, 9, 5, 16, 40},
+   * rows past 16 KiB (36 heads of 128: P V takes 4 keys a pass, Q K^T 2) */
+  static const int rows_h[9] = {12, 20, 1, 8, 3, 9, 5, 16, 36},
                    rows_d[9] = {128, 64, 256, 128, 96, 64, 72, 40, 128};
   for (int i = 0; i < 9; i++) {
     acfg c = decode_case(i, rows_h[i], rows_h[i], 1);
@@ -428,7 +428,7 @@ static void reg_decode(void) {
    * row, in every layout and with head dims that end in a partial step; 3
    * and 8 per K/V head go head by head. BHND caches go a vector of query
    * rows at a time: the next two end in a part of one (12 and 6 rows); the
-   * last has O rows past 16 KiB (64 rows of 128: P V takes 2 keys a pass). */
+   * last has Q and O rows past 16 KiB (64 rows of 128: 2 keys a pass). */
   static const int grp_h[9][2] = {{16, 8}, {8, 2},  {32, 8}, {8, 4},  {24, 8},
                                   {64, 8}, {12, 3}, {6, 3},  {64, 32}},
                    grp_d[9] = {128, 40, 64, 72, 128, 128, 128, 64, 128};

@@ -727,7 +727,39 @@ static inline __attribute__((always_inline)) void SFX(dots_rows_dt)(
   /* two chains a row (FMA latency) while the run has few rows */
   const int CH = SG <= 2 || (SG == 4 && KB_REGS >= 32) ? 2 : 1;
   const vf va = vf_set1(alpha), zero = vf_set1(0.0f);
-  for (int64_t j = 0; j < n; j++)
+  int64_t j = 0;
+  /* Q rows past half of L1: two keys a pass over them, four rows at a time,
+   * each Q vector loaded once for both keys (as P V does with O) */
+  if (nr * d * (int64_t)sizeof(float) > (16 << 10))
+    for (; j + 2 <= n; j += 2)
+      for (int64_t r0 = 0; r0 < fa_round_up(nr, FA_VL); r0 += 4) {
+        vf a[8]; /* a[t * 4 + g]: row r0 + g, key j + t */
+#pragma GCC unroll 8
+        for (int e = 0; e < 8; e++) a[e] = zero;
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g += SG) { /* rows r0 + g .. + SG - 1: one K part */
+          const int64_t r = r0 + g;
+          if (r >= nr) break; /* lanes past nr: 0 */
+          const float *q = Q + r * ldq;
+          const char *kh = k + j * ks + (r / group) * khs;
+          for (int64_t c = 0; c < d; c += FA_VL) {
+            const vf k0 = SFX(load_kv8)(kh, c, dt), k1 = SFX(load_kv8)(kh + ks, c, dt);
+#pragma GCC unroll 4
+            for (int s = 0; s < SG; s++) {
+              const vf qv = vf_load(q + s * ldq + c);
+              a[g + s] = vf_fma(qv, k0, a[g + s]);
+              a[4 + g + s] = vf_fma(qv, k1, a[4 + g + s]);
+            }
+          }
+        }
+        float sums[FA_VL];
+        vf_store(sums, vf_mul(va, vf_sum8(a)));
+        for (int g = 0; g < 4; g++) {
+          ST[j * ldst + r0 + g] = sums[g];
+          ST[(j + 1) * ldst + r0 + g] = sums[4 + g];
+        }
+      }
+  for (; j < n; j++)
     for (int64_t r0 = 0; r0 < nr; r0 += FA_VL) {
       vf acc[FA_VL];
 #pragma GCC unroll 8

@@ -715,6 +715,16 @@ static void SFX(pv_kv)(int64_t m, int64_t n, int64_t d, const float *P, int64_t 
 
 /* ---- decode in key-row order ---------------------------------------------- */
 
+/* Whether the key-row kernels take several keys a pass over the query (or
+ * O) rows of a call, loading each of their vectors once for them: when those
+ * rows (nr x d floats) outgrow half of L1 (MHA) or all of it (GQA). Below,
+ * key after key reads the rows in address order, which streamed better: on a
+ * Zen 4 host, 64 and 48 heads of 128 (MHA) went 17-25% faster blocked, 48
+ * query heads on 24 K/V heads (24 KiB) 15% slower, 64 on 32 (32 KiB) faster. */
+static inline int SFX(rows_blocked)(const int SG, int64_t nr, int64_t d) {
+  return nr * d * (int64_t)sizeof(float) > (SG == 1 ? 16 << 10 : (32 << 10) - 1);
+}
+
 /* One query row per query head: key j's row holds every K/V head's part side
  * by side, and reading it whole, in address order, is what the hardware
  * prefetcher streams (head by head, a head's 256 bytes every 2 KiB, it
@@ -728,9 +738,9 @@ static inline __attribute__((always_inline)) void SFX(dots_rows_dt)(
   const int CH = SG <= 2 || (SG == 4 && KB_REGS >= 32) ? 2 : 1;
   const vf va = vf_set1(alpha), zero = vf_set1(0.0f);
   int64_t j = 0;
-  /* Q rows past half of L1: two keys a pass over them, four rows at a time,
-   * each Q vector loaded once for both keys (as P V does with O) */
-  if (nr * d * (int64_t)sizeof(float) > (16 << 10))
+  /* Q rows past L1 (rows_blocked): two keys a pass over them, four rows at a
+   * time, each Q vector loaded once for both keys (as P V does with O) */
+  if (SFX(rows_blocked)(SG, nr, d))
     for (; j + 2 <= n; j += 2)
       for (int64_t r0 = 0; r0 < fa_round_up(nr, FA_VL); r0 += 4) {
         vf a[8]; /* a[t * 4 + g]: row r0 + g, key j + t */
@@ -822,14 +832,12 @@ static inline __attribute__((always_inline)) void SFX(pv_rows_dt)(
     float *o = O + r * ldo;
     for (int64_t c = 0; c < d; c += FA_VL) vf_store(o + c, vf_mul(vf_load(o + c), s));
   }
-  /* O rows past half of L1: KB keys a pass over them, each O vector loaded
-   * and stored once for KB products, added in key order (the same roundings
-   * as key by key): 64 heads of 128, f16, 12-15% faster on a Zen 4 host.
-   * Below that the key rows are read one whole row after another, which
-   * streams better (KB keys a pass slowed 8 heads' decode) */
+  /* O rows past L1 (rows_blocked): KB keys a pass over them, each O vector
+   * loaded and stored once for KB products, added in key order (the same
+   * roundings as key by key) */
   const int KB = SG == 1 ? 4 : 2;
   int64_t j = 0;
-  if (nr * d * (int64_t)sizeof(float) > (16 << 10))
+  if (SFX(rows_blocked)(SG, nr, d))
     for (; j + KB <= n; j += KB)
       for (int64_t r = 0; r < nr; r += SG) {
         vf p[4][4];

@@ -821,8 +821,39 @@ static void SFX(dots_rows)(int64_t nr, int64_t n, int64_t d, const float *Q, int
             ldst, alpha);
 }
 
+/* O rows r < nr += the products of keys j .. j + KB - 1, added in key order
+ * (each O vector loaded and stored once for them; with KB > 1 the same
+ * roundings as key by key). */
+static inline __attribute__((always_inline)) void SFX(pv_keys)(
+    const fa_dtype dt, const int SG, const int KB, int64_t j, int64_t nr, int64_t d,
+    const float *PT, int64_t ldp, const char *v, int64_t vs, int64_t vhs, int64_t group, float *O,
+    int64_t ldo) {
+  for (int64_t r = 0; r < nr; r += SG) {
+    vf p[4][4];
+#pragma GCC unroll 4
+    for (int t = 0; t < KB; t++)
+#pragma GCC unroll 4
+      for (int g = 0; g < SG; g++) p[t][g] = vf_set1(PT[(j + t) * ldp + r + g]);
+    const char *vh = v + j * vs + (r / group) * vhs;
+    float *o = O + r * ldo;
+    for (int64_t c = 0; c < d; c += FA_VL) {
+      vf x[4];
+#pragma GCC unroll 4
+      for (int t = 0; t < KB; t++) x[t] = SFX(load_kv8)(vh + t * vs, c, dt);
+#pragma GCC unroll 8
+      for (int g = 0; g < SG; g++) {
+        vf acc = vf_load(o + g * ldo + c);
+#pragma GCC unroll 4
+        for (int t = 0; t < KB; t++) acc = vf_fma(p[t][g], x[t], acc);
+        vf_store(o + g * ldo + c, acc);
+      }
+    }
+  }
+}
+
 /* The O rows stay in L1 (H x D floats) and take one key at a time, so V is
- * read in address order too. */
+ * read in address order too; rows past L1 (rows_blocked) take 4 keys a pass
+ * (2 under GQA). */
 static inline __attribute__((always_inline)) void SFX(pv_rows_dt)(
     const fa_dtype dt, const int SG, int64_t nr, int64_t n, int64_t d, const float *PT, int64_t ldp,
     const char *v, int64_t vs, int64_t vhs, int64_t group, float *O, int64_t ldo,
@@ -832,48 +863,12 @@ static inline __attribute__((always_inline)) void SFX(pv_rows_dt)(
     float *o = O + r * ldo;
     for (int64_t c = 0; c < d; c += FA_VL) vf_store(o + c, vf_mul(vf_load(o + c), s));
   }
-  /* O rows past L1 (rows_blocked): KB keys a pass over them, each O vector
-   * loaded and stored once for KB products, added in key order (the same
-   * roundings as key by key) */
   const int KB = SG == 1 ? 4 : 2;
   int64_t j = 0;
   if (SFX(rows_blocked)(SG, nr, d))
     for (; j + KB <= n; j += KB)
-      for (int64_t r = 0; r < nr; r += SG) {
-        vf p[4][4];
-#pragma GCC unroll 4
-        for (int t = 0; t < KB; t++)
-#pragma GCC unroll 4
-          for (int g = 0; g < SG; g++) p[t][g] = vf_set1(PT[(j + t) * ldp + r + g]);
-        const char *vh = v + j * vs + (r / group) * vhs;
-        float *o = O + r * ldo;
-        for (int64_t c = 0; c < d; c += FA_VL) {
-          vf x[4];
-#pragma GCC unroll 4
-          for (int t = 0; t < KB; t++) x[t] = SFX(load_kv8)(vh + t * vs, c, dt);
-#pragma GCC unroll 8
-          for (int g = 0; g < SG; g++) {
-            vf acc = vf_load(o + g * ldo + c);
-#pragma GCC unroll 4
-            for (int t = 0; t < KB; t++) acc = vf_fma(p[t][g], x[t], acc);
-            vf_store(o + g * ldo + c, acc);
-          }
-        }
-      }
-  for (; j < n; j++)
-    for (int64_t r = 0; r < nr; r += SG) {
-      vf p[4];
-#pragma GCC unroll 4
-      for (int g = 0; g < SG; g++) p[g] = vf_set1(PT[j * ldp + r + g]);
-      const char *vh = v + j * vs + (r / group) * vhs;
-      float *o = O + r * ldo;
-      for (int64_t c = 0; c < d; c += FA_VL) {
-        const vf x = SFX(load_kv8)(vh, c, dt);
-#pragma GCC unroll 8
-        for (int g = 0; g < SG; g++)
-          vf_store(o + g * ldo + c, vf_fma(p[g], x, vf_load(o + g * ldo + c)));
-      }
-    }
+      SFX(pv_keys)(dt, SG, KB, j, nr, d, PT, ldp, v, vs, vhs, group, O, ldo);
+  for (; j < n; j++) SFX(pv_keys)(dt, SG, 1, j, nr, d, PT, ldp, v, vs, vhs, group, O, ldo);
 }
 
 static void SFX(pv_rows)(int64_t nr, int64_t n, int64_t d, const float *PT, int64_t ldp,

@@ -286,7 +286,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
               row = key - idx * p.page;
               pg = page_of(p, page_row(p, k.b), key);
             }
-            /* the boxes that hold keys: the tile's bytes */
+            /* the boxes that hold keys: the tile's bytes (one warp holding them
+             * all counts its lanes: the decode kernel has no registers for the
+             * division) */
             const int boxes = NW > 1 ? min(BC / P.box, (k.sv.nk - n * BC + P.box - 1) / P.box)
                                      : __popc(__ballot_sync(0xffffffffu, live));
             const uint32_t bytes = (uint32_t)boxes * P.box * D * 2;

@@ -76,7 +76,8 @@ static int fwd_pack(const fa_problem *pb) {
 }
 
 /* Key splits for decode shapes (a row block or less per sequence and head,
- * fewer blocks than an H100 has SMs), at least FA_SPLIT_KEYS keys each, at most 32:
+ * fewer blocks than an H100 has SMs), at least FA_SPLIT_KEYS keys (one Hopper
+ * key tile) each, at most 32:
  * the fewest whose blocks fill the waves of 132 SMs within FA_SPLIT_EFF
  * percent of the best count's (the persistent CTAs take blocks in rounds, so
  * a last round of a few blocks costs a whole one). Both kernels take them
@@ -86,7 +87,7 @@ static int fwd_pack(const fa_problem *pb) {
 #define FA_SPLIT_EFF 95
 #endif
 #ifndef FA_SPLIT_KEYS
-#define FA_SPLIT_KEYS 256
+#define FA_SPLIT_KEYS 128
 #endif
 static int fwd_splits(const fa_problem *pb) {
   if (!is_flash(pb)) return 1;

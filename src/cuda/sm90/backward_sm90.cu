@@ -174,7 +174,14 @@ __global__ void __launch_bounds__((BwdShape<D>::NWG + 1) * 128, 1)
     return reinterpret_cast<float *>(smem_raw + (sK + L::LSE0 - smem_addr(smem_raw))) + st * 2 * BR;
   };
 
-  if (threadIdx.x == 0) FA_TRACE(0);
+  if (threadIdx.x == 0) {
+    FA_TRACE(0);
+    tma_prefetch_map(&P.tq);
+    tma_prefetch_map(&P.tk);
+    tma_prefetch_map(&P.tv);
+    tma_prefetch_map(&P.tdo);
+    tma_prefetch_map(&P.tdq);
+  }
   /* the dQ conversion may launch once every block has started (it waits
    * for each head's blocks through kv_done) */
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

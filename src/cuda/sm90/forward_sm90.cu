@@ -161,6 +161,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
    * the SMs this grid's CTAs free; it waits for the whole grid's writes */
   if (DECODE) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   if (tid == 0) {
+    tma_prefetch_map(&P.tq);
+    tma_prefetch_map(&P.tk);
+    tma_prefetch_map(&P.tv);
     for (int qs = 0; qs < QST; ++qs) {
       mbar_init(q_full(qs), 1);
       mbar_init(q_empty(qs), NC); /* every consumer thread: each read its slot */

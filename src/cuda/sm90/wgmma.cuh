@@ -190,6 +190,11 @@ __device__ __forceinline__ void tma_load_tile(uint32_t dst, const void *map, uin
   for (int c = 0; c < D / 64; ++c)
     tma_load_4d(dst + c * ROWS * 128, map, bar, c * 64, row, head, batch);
 }
+/* A tensor map's descriptor into the copy engine's cache ahead of its first
+ * copy (a grid constant's generic address) */
+__device__ __forceinline__ void tma_prefetch_map(const void *map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
 /* One box of a 4-d tensor map into L2 only: a hint, with no completion to
  * wait for; a box outside the tensor is dropped. */
 __device__ __forceinline__ void tma_prefetch_4d(const void *map, int c0, int c1, int c2, int c3) {

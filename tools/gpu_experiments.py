@@ -286,7 +286,7 @@ def exp_blocks(a, ours, meta):
 
 
 def exp_grid(a, ours, meta):
-    ns = argparse.Namespace(quick=a.quick, warmup=3, reps=10, only_ours=False)
+    ns = argparse.Namespace(quick=a.quick, warmup=3, reps=10, only_ours=False, headdim=(64, 128))
     res = {}
     bs.fwd_grid(ns, ours, res)
     bs.bwd_grid(ns, ours, res)

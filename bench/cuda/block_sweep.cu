@@ -125,9 +125,11 @@ int main(int argc, char **argv) {
   pb.q = tq, pb.k = tk, pb.v = tv, pb.o = to, pb.lse = lse;
   pb.dtype = FA_DTYPE_F16;
   pb.batch = B, pb.heads_q = H, pb.heads_k = H, pb.group = 1, pb.headdim = D;
-  pb.max_seqlen_q = N, pb.max_seqlen_k = N, pb.total_q = B * N;
+  pb.max_seqlen_q = N, pb.max_seqlen_k = N, pb.total_q = B * N, pb.k_cap = N;
   pb.scale = 1.f / sqrtf((float)D);
   fa::FwdArgs a;
+  memset(&a, 0, sizeof a); /* no key splits, no GQA packing, no KV cache */
+  a.nsplit = a.pack = 1;
   a.o = o;
   a.lse = lse;
   a.o_sb = to.stride_batch, a.o_ss = to.stride_seq, a.o_sh = to.stride_head;

@@ -788,8 +788,7 @@ inline fa_status launch_status() {
  * weights e^(lse_s - M), M the largest lse_s; one warp per row, lanes over
  * the writing kernel's D columns. Lane s holds split s's lse (of each 32),
  * and the partials of 8 splits are loaded before any is summed: a decode
- * step's combine is then three round trips to L2, not two per split (16
- * splits took 4.3 us of 7 on an H100). */
+ * step's combine is then a few round trips to L2, not two per split. */
 template <typename T, int D>
 __global__ void __launch_bounds__(256) fwd_combine_kernel(const FwdArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

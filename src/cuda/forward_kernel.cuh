@@ -797,6 +797,8 @@ __global__ void __launch_bounds__(256) fwd_combine_kernel(const FwdArgs p) {
   const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31, ns = p.nsplit;
   if (row >= p.part_rows) return;
+  /* packed rows past the last sequence belong to none: never written */
+  if (p.cu_q && row % p.total_q >= p.cu_q[p.batch]) return;
   const float *lse_of = p.part_lse + row, *o_of = p.part_o + row * D + lane * (D / 32);
   const int64_t step = p.part_rows, ostep = step * D; /* from one split's partials to the next's */
   float M = -INFINITY;

@@ -133,8 +133,8 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BC / 8][4], float (&o)[D
  * (FwdArgs::nsplit), both at run time (the other kernels' registers have no
  * room for the row arithmetic: they spill). PAGED: K and V from a paged
  * cache's pools (FwdArgs::block_table), a TMA box per page-aligned run of a
- * tile's keys. */
-template <typename T, int D, int NWG, bool DECODE, bool PAGED>
+ * tile's keys, issued by PW producer warps (fwd_launch). */
+template <typename T, int D, int NWG, bool DECODE, bool PAGED, int PW>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     fwd_kernel(const __grid_constant__ FwdParams P) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -234,10 +234,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
      * lane after lane: at pages of 16 (8 boxes for each 64 columns of K and
      * of V) one warp's issue outlasted the consumers' tile (prefill 1.38-1.42x
      * a contiguous cache on an H100, 1.07-1.09x with the four warps). So the
-     * forward's producer warps all walk a paged cache's tiles, warp 0 telling
-     * the others each block (pslot, named barrier 7), and share the boxes.
-     * The decode kernel keeps one warp: its producer's registers spill. */
-    constexpr int NW = PAGED && !DECODE ? 4 : 1;
+     * forward's producer warps (PW) all walk a paged cache's tiles, warp 0
+     * telling the others each block (pslot, named barrier 7), and share the
+     * boxes. */
+    constexpr int NW = PW;
     const int warp = tid >> 5, lane = tid & 31;
     if (warp < NW) {
       /* lane 0 takes the next block, the warp learns it */
@@ -246,8 +246,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         if (tid == 0) t = P.sched.take();
         return __shfl_sync(0xffffffffu, t, 0);
       };
-      volatile int *pslot =
-          reinterpret_cast<volatile int *>(smem_raw + (sQ + L::PSLOTS - smem_addr(smem_raw)));
+      const uint32_t pslot = sQ + L::PSLOTS; /* a 32-bit address: fewer registers */
       const bool walker = NW == 1 || warp == 0;
       const int total = P.sched.total();
       Block k;
@@ -256,9 +255,13 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         if (walker)
           while (t < total && !setup(t, k)) t = take();
         if (NW > 1) {
-          if (tid == 0) pslot[j & 1] = t;
+          if (tid == 0)
+            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(pslot + 4 * (j & 1)), "r"(t));
           named_sync(7, 32 * NW);
-          if (!walker && (t = pslot[j & 1]) < total) setup(t, k);
+          if (!walker) {
+            asm volatile("ld.volatile.shared.u32 %0, [%1];\n" : "=r"(t) : "r"(pslot + 4 * (j & 1)));
+            if (t < total) setup(t, k);
+          }
         }
         const bool more = t < total;
         if (tid == 0) { /* Q once the consumers are done with the stage's last block */
@@ -290,8 +293,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
               pg = page_of(p, page_row(p, k.b), key);
             }
             /* the boxes that hold keys: the tile's bytes (one warp holding them
-             * all counts its lanes: the decode kernel has no registers for the
-             * division) */
+             * all counts its lanes: the D = 64 decode kernel has no registers
+             * for the division) */
             const int boxes = NW > 1 ? min(BC / P.box, (k.sv.nk - n * BC + P.box - 1) / P.box)
                                      : __popc(__ballot_sync(0xffffffffu, live));
             const uint32_t bytes = (uint32_t)boxes * P.box * D * 2;
@@ -580,7 +583,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 #endif
 }
 
-template <typename T, int D, int NWG, bool DECODE, bool PAGED>
+template <typename T, int D, int NWG, bool DECODE, bool PAGED, int PW>
 fa_status fwd_launch_as(const FwdArgs &a, cudaStream_t stream) {
   using S = FwdShape<D, NWG>;
   constexpr size_t smem = FwdSmem<D, NWG>::BYTES;
@@ -618,7 +621,7 @@ fa_status fwd_launch_as(const FwdArgs &a, cudaStream_t stream) {
                           a.v_sb, pk, cache, S::BC)) != FA_OK)
       return st;
   }
-  auto kernel = fwd_kernel<T, D, NWG, DECODE, PAGED>;
+  auto kernel = fwd_kernel<T, D, NWG, DECODE, PAGED, PW>;
   static bool attr_done = false;
   if ((st = smem_limit_once(kernel, smem, attr_done)) != FA_OK) return st;
   prm.sched.nblk = (a.max_seqlen_q + rq - 1) / rq;
@@ -646,10 +649,26 @@ fa_status fwd_launch_as(const FwdArgs &a, cudaStream_t stream) {
   return fwd_combine_launch<T, D>(a, stream, true);
 }
 
+/* A paged cache's boxes: four producer warps share them, except where a
+ * decode CTA walks a single key tile (one split of one tile), where their
+ * hand-over costs more than it saves (batch 1, 2k keys in pages of 16 on an
+ * H100: 11.4 against 10.6 us; 16.6 against 17.6 with 8k keys, four tiles a
+ * split), and in the D = 64 decode kernel, whose producer registers spill
+ * with four. */
 template <typename T, int D, int NWG, bool DECODE = false>
 fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
-  if (a.block_table) return fwd_launch_as<T, D, NWG, DECODE, true>(a, stream);
-  return fwd_launch_as<T, D, NWG, DECODE, false>(a, stream);
+  if (!a.block_table) return fwd_launch_as<T, D, NWG, DECODE, false, 1>(a, stream);
+  if constexpr (!DECODE) {
+    return fwd_launch_as<T, D, NWG, DECODE, true, 4>(a, stream);
+  } else {
+    if constexpr (D > 64) {
+      constexpr int BC = FwdShape<D, NWG>::BC;
+      const int64_t tiles = (a.max_seqlen_k + BC - 1) / BC;
+      if ((tiles + a.nsplit - 1) / a.nsplit >= 2)
+        return fwd_launch_as<T, D, NWG, DECODE, true, 4>(a, stream);
+    }
+    return fwd_launch_as<T, D, NWG, DECODE, true, 1>(a, stream);
+  }
 }
 
 }  // namespace sm90

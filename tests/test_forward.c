@@ -431,12 +431,14 @@ static void reg_decode(void) {
    * last has Q and O rows past 16 KiB (64 rows of 128: 2 keys a pass). */
   static const int grp_h[9][2] = {{16, 8}, {8, 2},  {32, 8}, {8, 4},  {24, 8},
                                   {64, 8}, {12, 3}, {6, 3},  {64, 32}},
-                   grp_d[9] = {128, 40, 64, 72, 128, 128, 128, 64, 128};
+                   grp_d[9] = {128, 40, 64, 72, 128, 128, 128, 64, 128},
+                   grp_l[9] = {TU_BNHD, TU_PADDED, TU_BHND, TU_BNHD, TU_PADDED,
+                               TU_BHND, TU_BHND,   TU_BHND, TU_BNHD};
   for (int i = 0; i < 9; i++) {
     acfg c = decode_case(i, grp_h[i][0], grp_h[i][1], 1);
     c.nk = 1200 + 7 * i;
     c.d = grp_d[i];
-    c.layout = i == 8 ? TU_BNHD : i >= 6 || i % 3 == 2 ? TU_BHND : i % 3 == 1 ? TU_PADDED : TU_BNHD;
+    c.layout = grp_l[i];
     reg("decode-rows-gqa", &c);
     if (i == 0) attn_register_fn("decode-threads", threads_fn, &c, 0);
   }

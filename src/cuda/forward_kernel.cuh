@@ -466,11 +466,9 @@ template <typename T, int D, int MT, int NW, int BC, bool QREG, bool XF, bool EX
 __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const FwdArgs p) {
   static_assert(!EXT || XF, "EXT kernels take the general score path");
   static_assert(!(EXT && PAGED), "paged caches take no dropout or block mask");
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   /* launched as a programmatic dependent: the KV-cache call's preparation
    * (rotated q, appended rows) must be done */
-  if (p.pdl) asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  if (p.pdl) pdl_wait();
   constexpr int BR = 16 * MT * NW, NT = NW * 32, LD = D + 8;
   constexpr float LOG2E = FA_LOG2E;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -791,9 +789,7 @@ inline fa_status launch_status() {
  * step's combine is then a few round trips to L2, not two per split. */
 template <typename T, int D>
 __global__ void __launch_bounds__(256) fwd_combine_kernel(const FwdArgs p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory"); /* the split kernel's partials */
-#endif
+  pdl_wait(); /* the split kernel's partials */
   const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31, ns = p.nsplit;
   if (row >= p.part_rows) return;

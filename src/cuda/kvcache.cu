@@ -61,9 +61,7 @@ __device__ __forceinline__ void rotate_row(const KvPrep &a, T *dst, const T *src
 
 template <typename T>
 __global__ void __launch_bounds__(256) kv_prepare_kernel(const KvPrep a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+  pdl_launch_dependents();
   const int64_t r = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= a.rows) return;

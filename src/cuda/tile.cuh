@@ -20,6 +20,21 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p) {
   return (uint32_t)__cvta_generic_to_shared(p);
 }
 
+/* Programmatic dependent launch (sm_90 and later; nothing before): the
+ * stream's next kernel may launch now, its CTAs taking the SMs this grid frees
+ * (launch_dependents); this kernel waits for the whole preceding grid's
+ * writes (wait). */
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 /* 16 bytes global -> shared; only src_bytes (0..16) are read, the rest of the
  * 16 is zero-filled (predicated tails and padded head dims). */
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {

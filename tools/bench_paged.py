@@ -140,7 +140,8 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--pages", default="16,256",
-                    help="page sizes timed (comma-separated; the first also with rotary)")
+                    help="page sizes timed (comma-separated; the first also with the append "
+                    "and rotary)")
     ap.add_argument("--only", default="", help="decode or prefill: that kind of shape alone")
     a = ap.parse_args()
     ours = Ours(a.lib)
@@ -152,7 +153,7 @@ def main():
     pages = [int(x) for x in a.pages.split(",") if x]
     cols = ([("contig", 0, 0, 0)] + [("page%d" % pg, pg, 0, 0) for pg in pages] +
             [("append", 0, 1, 0), ("rotary", 0, 1, 1)] +
-            [("rotary%d" % pg, pg, 1, 1) for pg in pages[:1]])
+            [(n % pg, pg, 1, r) for pg in pages[:1] for n, r in (("append%d", 0), ("rotary%d", 1))])
     print("| shape | B | Nk | " + " | ".join(c[0] for c in cols) + " | sdpa flash | sdpa cudnn |")
     print("|---|---|---|" + "---|" * (len(cols) + 2))
     rows = []

@@ -75,9 +75,12 @@ static int fwd_pack(const fa_problem *pb) {
   return on && !pb->block_mask ? (int)g : 1;
 }
 
-/* Key splits for decode shapes (a row block or less per sequence and head,
- * fewer blocks than an H100 has SMs), at least FA_SPLIT_KEYS keys (one Hopper
- * key tile) each, at most 32:
+/* Key splits where the blocks of query rows are fewer than an H100 has SMs
+ * (decode steps; prefill chunks against a long cache, whose 64 blocks took
+ * 108 us at batch 1, 32 query heads, 256 rows and 8k keys, 73 us split in two
+ * on an H100), at least FA_SPLIT_KEYS keys (one Hopper key tile) each where a
+ * block holds every query row of its head, FA_SPLIT_PREFILL_KEYS where it
+ * does not, at most 32:
  * the fewest whose blocks fill the waves of 132 SMs within FA_SPLIT_EFF
  * percent of the best count's (the persistent CTAs take blocks in rounds, so
  * a last round of a few blocks costs a whole one). Both kernels take them
@@ -89,6 +92,9 @@ static int fwd_pack(const fa_problem *pb) {
 #ifndef FA_SPLIT_KEYS
 #define FA_SPLIT_KEYS 128
 #endif
+#ifndef FA_SPLIT_PREFILL_KEYS
+#define FA_SPLIT_PREFILL_KEYS 512
+#endif
 static int fwd_splits(const fa_problem *pb) {
   if (!is_flash(pb)) return 1;
   /* params.num_splits: as asked, within the sm_80 grid's y extent (heads_q
@@ -99,7 +105,7 @@ static int fwd_splits(const fa_problem *pb) {
     return (int)std::max<int64_t>(1, std::min<int64_t>(ask, most));
   }
   /* the sm_80 grid's y extent is heads_q * splits (at most 65535) */
-  if (pb->max_seqlen_q > 64 || pb->heads_q > 65535 / 32) return 1;
+  if (pb->heads_q > 65535 / 32) return 1;
   const int64_t sms = 132; /* an H100's */
   /* blocks without a split: (sequence, K/V head) pairs when packed, each of
    * ceil(max_seqlen_q / rows per head) blocks */
@@ -107,7 +113,10 @@ static int fwd_splits(const fa_problem *pb) {
   const int64_t rq = 1 << fa::pack_rows_log2(pk, (int)pb->max_seqlen_q, 128);
   const int64_t per = pb->max_seqlen_q > rq ? (pb->max_seqlen_q + rq - 1) / rq : 1;
   const int64_t blocks = pb->batch * (pb->heads_q / pk) * per;
-  const int64_t by_keys = pb->max_seqlen_k / FA_SPLIT_KEYS, most = by_keys < 32 ? by_keys : 32;
+  /* a prefill chunk's blocks (more rows than the packing's block) split at
+   * FA_SPLIT_PREFILL_KEYS keys at least: the partials are a block of rows each */
+  const int64_t min_keys = pb->max_seqlen_q > rq ? FA_SPLIT_PREFILL_KEYS : FA_SPLIT_KEYS;
+  const int64_t by_keys = pb->max_seqlen_k / min_keys, most = by_keys < 32 ? by_keys : 32;
   if (blocks >= sms || most < 2) return 1;
   /* wave efficiency of s splits: blocks per SM over the rounds they take */
   auto eff = [&](int64_t s) {

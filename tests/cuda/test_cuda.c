@@ -1010,6 +1010,22 @@ static void full_suite(void) {
         int lq4[4] = {1, 3, 0, 2}, lk4[4] = {3000, 1500, 800, 4100};
         seq_lens(&c, lq4, lk4);
         run_case(&c);
+        /* prefill chunks against long caches: blocks of query rows, too few
+         * to fill the GPU, split their keys too (a ragged last block) */
+        c = base(nm("%s D=%d %s", "prefill split causal nq=300 nk=2600", D, dt), dt, D, 1, 2, 300,
+                 2600);
+        c.causal = 1;
+        run_case(&c);
+        c = base(nm("%s D=%d %s", "prefill split GQA 8:2 window 1000,0 nq=256 nk=3000", D, dt), dt,
+                 D, 1, 8, 256, 3000);
+        c.Hk = 2, c.window = 1, c.wl = 1000, c.wr = 0;
+        run_case(&c);
+        c = base(nm("%s D=%d %s", "prefill split varlen 200,0,300 / 2500,100,3100 causal", D, dt),
+                 dt, D, 1, 2, 0, 0);
+        c.nseq = 3, c.causal = 1, c.qtail = 5;
+        int lq3[3] = {200, 0, 300}, lk3[3] = {2500, 100, 3100};
+        seq_lens(&c, lq3, lk3);
+        run_case(&c);
         /* GQA with few query rows: a block takes a K/V head's whole group of
          * query heads (rows head-major), with or without a key split */
         c = base(nm("%s D=%d %s", "decode GQA 32:8 nq=1 nk=5000", D, dt), dt, D, 1, 32, 1, 5000);

@@ -31,6 +31,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <numeric>
+
 #include "../forward_kernel.cuh"
 #include "schedule.cuh"
 #include "sm90.h"
@@ -649,26 +651,28 @@ fa_status fwd_launch_as(const FwdArgs &a, cudaStream_t stream) {
   return fwd_combine_launch<T, D>(a, stream, true);
 }
 
-/* A paged cache's boxes: four producer warps share them, except where a
- * decode CTA walks a single key tile (one split of one tile), where their
- * hand-over costs more than it saves (batch 1, 2k keys in pages of 16 on an
- * H100: 11.4 against 10.6 us; 16.6 against 17.6 with 8k keys, four tiles a
- * split), and in the D = 64 decode kernel, whose producer registers spill
- * with four. */
+/* A paged cache's boxes: four producer warps share them where a tile takes
+ * four boxes or more for each 64 columns (pages of BC / 4 rows or fewer);
+ * at fewer, one warp issues them, the other three idling beside the
+ * consumers cost more (prefill chunk, pages of 256 on an H100: 1.032 against
+ * 1.057 the contiguous cache's time with 8k keys, 1.019 against 1.034 with
+ * 2k). Nor in a decode CTA that walks a single key tile (one split of one
+ * tile), where their hand-over costs more than it saves (batch 1, 2k keys in
+ * pages of 16: 11.4 against 10.6 us; 16.6 against 17.6 with 8k keys, four
+ * tiles a split), nor in the D = 64 decode kernel, whose producer registers
+ * spill with four. */
 template <typename T, int D, int NWG, bool DECODE = false>
 fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
   if (!a.block_table) return fwd_launch_as<T, D, NWG, DECODE, false, 1>(a, stream);
-  if constexpr (!DECODE) {
-    return fwd_launch_as<T, D, NWG, DECODE, true, 4>(a, stream);
-  } else {
-    if constexpr (D > 64) {
-      constexpr int BC = FwdShape<D, NWG>::BC;
-      const int64_t tiles = (a.max_seqlen_k + BC - 1) / BC;
-      if ((tiles + a.nsplit - 1) / a.nsplit >= 2)
-        return fwd_launch_as<T, D, NWG, DECODE, true, 4>(a, stream);
-    }
-    return fwd_launch_as<T, D, NWG, DECODE, true, 1>(a, stream);
+  constexpr int BC = FwdShape<D, NWG>::BC;
+  bool four = BC / std::gcd(a.page, BC) >= 4;
+  if constexpr (DECODE) {
+    const int64_t tiles = (a.max_seqlen_k + BC - 1) / BC;
+    four = four && D > 64 && (tiles + a.nsplit - 1) / a.nsplit >= 2;
   }
+  if constexpr (!DECODE || D > 64)
+    if (four) return fwd_launch_as<T, D, NWG, DECODE, true, 4>(a, stream);
+  return fwd_launch_as<T, D, NWG, DECODE, true, 1>(a, stream);
 }
 
 }  // namespace sm90

@@ -9,7 +9,7 @@ microseconds per call replayed from CUDA graphs of 20 calls (tools/bench_decode.
 medians; ratios against our contiguous forward of the same keys.
 
 Usage: python3 tools/bench_paged.py --lib build-gpu/libflashattn.so [--json out.json]
-           [--quick] [--pages 16,32,64,256] [--only decode|prefill]
+           [--quick] [--pages 16,32,64,256] [--only decode|prefill] [--splits N]
 """
 import argparse
 import ctypes as C
@@ -46,8 +46,9 @@ class Case:
     """One shape: q (B, nq, H, D), a cache of Nk keys per sequence (contiguous and
     paged copies of the same keys), new rows and rotary tables for the call."""
 
-    def __init__(self, lib, B, H, Hk, D, nq, Nk, causal):
+    def __init__(self, lib, B, H, Hk, D, nq, Nk, causal, splits=0):
         self.lib, self.B, self.nq, self.Nk, self.causal = lib, B, nq, Nk, causal
+        self.splits = splits
         dt = torch.bfloat16
         self.q = torch.randn(B, nq, H, D, device="cuda", dtype=dt)
         self.o = torch.empty_like(self.q)
@@ -84,6 +85,7 @@ class Case:
     def params(self, page):
         p = FaParams()
         p.device, p.algorithm, p.causal = 1, 0, int(self.causal)
+        p.num_splits = self.splits
         p.stream = torch.cuda.current_stream().cuda_stream
         k, v = self.k, self.v
         if page:
@@ -143,6 +145,8 @@ def main():
                     help="page sizes timed (comma-separated; the first also with the append "
                     "and rotary)")
     ap.add_argument("--only", default="", help="decode or prefill: that kind of shape alone")
+    ap.add_argument("--splits", type=int, default=0,
+                    help="our calls' params.num_splits (0: the library's choice; 1: no split)")
     a = ap.parse_args()
     ours = Ours(a.lib)
     lib = ours.lib
@@ -163,7 +167,7 @@ def main():
         if a.only and kind != a.only:
             continue
         for Nk in nks:
-            c = Case(lib, B, 32, 8, 128, nq, Nk, causal)
+            c = Case(lib, B, 32, 8, 128, nq, Nk, causal, a.splits)
             r = {"shape": kind, "B": B, "nq": nq, "Nk": Nk, "causal": causal}
             for name, page, append, rotary in cols:
                 try:

@@ -9,7 +9,7 @@ microseconds per call replayed from CUDA graphs of 20 calls (tools/bench_decode.
 medians; ratios against our contiguous forward of the same keys.
 
 Usage: python3 tools/bench_paged.py --lib build-gpu/libflashattn.so [--json out.json]
-           [--quick] [--pages 16,32,64,256] [--only decode|prefill] [--splits N]
+           [--quick] [--pages 16,32,64,256] [--only decode|prefill] [--splits N] [--cold]
 """
 import argparse
 import ctypes as C
@@ -46,9 +46,10 @@ class Case:
     """One shape: q (B, nq, H, D), a cache of Nk keys per sequence (contiguous and
     paged copies of the same keys), new rows and rotary tables for the call."""
 
-    def __init__(self, lib, B, H, Hk, D, nq, Nk, causal, splits=0):
+    def __init__(self, lib, B, H, Hk, D, nq, Nk, causal, splits=0, copy=0):
         self.lib, self.B, self.nq, self.Nk, self.causal = lib, B, nq, Nk, causal
         self.splits = splits
+        self.copy = copy
         dt = torch.bfloat16
         self.q = torch.randn(B, nq, H, D, device="cuda", dtype=dt)
         self.o = torch.empty_like(self.q)
@@ -68,6 +69,7 @@ class Case:
     def pool(self, page):
         """The keys in pages of `page` rows, a random permutation of the pool."""
         if page not in self.pools:
+            torch.manual_seed(1000 * self.copy + page)
             pps = (self.Nk + page - 1) // page
             n = self.B * pps
             perm = torch.randperm(n, device="cuda").to(torch.int32)
@@ -135,6 +137,27 @@ class Case:
         return run
 
 
+class Cases:
+    """Copies of one shape (--cold): each call of a captured graph reads the next
+    copy's cache, so that the copies together outgrow the GPU's L2 and a cache
+    is read from memory, as a model's layers leave it, not from the L2 the call
+    before filled."""
+
+    def __init__(self, n, *args, **kw):
+        self.all = [Case(*args, **kw, copy=i) for i in range(n)]
+
+    def __getattr__(self, name):
+        return getattr(self.all[0], name)
+
+    def call(self, page, append, rotary):
+        runs, i = [c.call(page, append, rotary) for c in self.all], [0]
+
+        def run():
+            runs[i[0] % len(runs)]()
+            i[0] += 1
+        return run
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lib", required=True, help="path of libflashattn.so")
@@ -145,6 +168,9 @@ def main():
                     help="page sizes timed (comma-separated; the first also with the append "
                     "and rotary)")
     ap.add_argument("--only", default="", help="decode or prefill: that kind of shape alone")
+    ap.add_argument("--cold", action="store_true",
+                    help="rotate over copies of each cache (128 MiB at least in all), so that "
+                    "calls read their cache from memory, not from the L2 the last call filled")
     ap.add_argument("--splits", type=int, default=0,
                     help="our calls' params.num_splits (0: the library's choice; 1: no split)")
     a = ap.parse_args()
@@ -167,7 +193,9 @@ def main():
         if a.only and kind != a.only:
             continue
         for Nk in nks:
-            c = Case(lib, B, 32, 8, 128, nq, Nk, causal, a.splits)
+            cache_bytes = 2 * B * Nk * 8 * 128 * 2
+            n = -(-(128 << 20) // cache_bytes) if a.cold else 1
+            c = Cases(n, lib, B, 32, 8, 128, nq, Nk, causal, a.splits)
             r = {"shape": kind, "B": B, "nq": nq, "Nk": Nk, "causal": causal}
             for name, page, append, rotary in cols:
                 try:
@@ -177,10 +205,14 @@ def main():
                     print("  %s: %s" % (name, ex), file=sys.stderr)
             # peers on the contiguous cache (B, H, N, D); SDPA's causal is top-left
             # aligned, so a prefill chunk's peers run without a mask
-            qs, ks, vs = (x.transpose(1, 2) for x in (c.q, c.k, c.v))
+            args = [[x.transpose(1, 2) for x in (cc.q, cc.k, cc.v)] for cc in c.all]
             for name, be in BACKENDS[:2]:
                 try:
+                    i = [0]
+
                     def fn():
+                        qs, ks, vs = args[i[0] % len(args)]
+                        i[0] += 1
                         with sdpa_kernel([be]):
                             return F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)
                     fn()

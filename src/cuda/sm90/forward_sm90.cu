@@ -130,74 +130,32 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BC / 8][4], float (&o)[D
   }
 }
 
-/* DECODE: the decode shapes' kernel (sm90_forward), with the query heads of
- * a K/V head packed into one block (FwdArgs::pack) and the keys split
- * (FwdArgs::nsplit), both at run time (the other kernels' registers have no
- * room for the row arithmetic: they spill). PAGED: K and V from a paged
- * cache's pools (FwdArgs::block_table), a TMA box per page-aligned run of a
- * tile's keys, issued by PW producer warps (fwd_launch). */
-template <typename T, int D, int NWG, bool DECODE, bool PAGED, int PW>
-__global__ void __launch_bounds__((NWG + 1) * 128, 1)
-    fwd_kernel(const __grid_constant__ FwdParams P) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = FwdShape<D, NWG>;
-  using L = FwdSmem<D, NWG>;
-  constexpr int BR = S::BR, BC = S::BC, ST = S::ST, NC = S::NWG * 128; /* consumer threads */
-  constexpr int QST = L::QST;
-  const FwdArgs &p = P.a;
-  const int pack = DECODE ? p.pack : 1, rq = DECODE ? 1 << p.pack_log2 : BR; /* rows per head */
-  /* block row lr's head within the pack */
-  auto head_of = [&](int lr) { return DECODE ? lr >> p.pack_log2 : 0; };
+/* A generic pointer to shared-memory address a of the dynamic allocation */
+template <typename U>
+__device__ __forceinline__ U *smem_at(uint32_t a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const uint32_t sQ = (smem_addr(smem_raw) + 1023) & ~1023u;
-  const uint32_t bars = sQ + L::BARS;
-  auto q_full = [&](int qs) { return bars + 8 * qs; };
-  auto q_empty = [&](int qs) { return bars + 8 * (QST + qs); };
-  auto k_full = [&](int st) { return bars + 8 * (2 * QST + st); };
-  auto v_full = [&](int st) { return bars + 8 * (2 * QST + ST + st); };
-  auto k_empty = [&](int st) { return bars + 8 * (2 * QST + 2 * ST + st); };
-  auto v_empty = [&](int st) { return bars + 8 * (2 * QST + 3 * ST + st); };
-
-  const int tid = threadIdx.x;
-  /* a split's combine kernel (launched as a programmatic dependent) may take
-   * the SMs this grid's CTAs free; it waits for the whole grid's writes */
-  if (DECODE) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  if (tid == 0) {
-    tma_prefetch_map(&P.tq);
-    tma_prefetch_map(&P.tk);
-    tma_prefetch_map(&P.tv);
-    for (int qs = 0; qs < QST; ++qs) {
-      mbar_init(q_full(qs), 1);
-      mbar_init(q_empty(qs), NC); /* every consumer thread: each read its slot */
-    }
-    for (int st = 0; st < ST; ++st) {
-      mbar_init(k_full(st), 1);
-      mbar_init(v_full(st), 1);
-      mbar_init(k_empty(st), NC / 32); /* one arrival per consumer warp */
-      mbar_init(v_empty(st), NC / 32);
-    }
-    mbar_init_fence();
-  }
-  __syncthreads();
-  /* launched as a programmatic dependent: the KV-cache call's preparation
-   * (rotated q, appended rows) must be done */
-  if (p.pdl) asm volatile("griddepcontrol.wait;\n" ::: "memory");
-
-  /* The producer takes the blocks (schedule.cuh) and hands each one's index
-   * to the consumers in slot[j & 1] with its Q (Q stage j % QST); -1 ends the
-   * walk. Both roles then walk the block's same live key tiles, so the K/V
-   * ring's position i runs in step; a block's tiles run from the last to the
-   * first, so a causal block's masked tiles come first. */
-  volatile int *slot =
-      reinterpret_cast<volatile int *>(smem_raw + (sQ + L::SLOTS - smem_addr(smem_raw)));
-  struct Block {
-    int b, h, sp, r0, rows; /* h: the first query head (of pack); sp: the key split */
-    SeqView sv;
-    fa_mask mk;
-    KeyTiles kt;
-  };
+  return reinterpret_cast<U *>(smem_raw + (a - smem_addr(smem_raw)));
+}
+/* A query block: rows r0.. (rq of each of pack heads) of sequence b, and
+ * the key tiles it walks */
+struct FwdBlock {
+  int b, h, sp, r0, rows; /* h: the first query head (of pack); sp: the key split */
+  SeqView sv;
+  fa_mask mk;
+  KeyTiles kt;
+};
+/* The blocks of the schedule: block t's rows and key tiles. Both roles hold
+ * one, built once the grid's preparation is done; it refers to pack and rq,
+ * which the kernel keeps (references, not copies: the machine code depends
+ * on where these values are read). */
+template <int D, int NWG, bool DECODE, bool PAGED>
+struct FwdSetup {
+  static constexpr int BC = FwdShape<D, NWG>::BC;
+  const FwdParams &P;
+  const FwdArgs &p;
+  const int &pack, &rq;
   /* block t's rows and key tiles; false past a varlen sequence's end */
-  auto setup = [&](int t, Block &k) {
+  __device__ __forceinline__ bool setup(int t, FwdBlock &k) const {
     int x;
     P.sched.decode(t, x, k.h, k.b);
     k.sp = 0;
@@ -219,144 +177,494 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       k.kt.n_end = max(k.kt.n_begin, min(k.kt.n_end, (k.sp + 1) * spt));
     }
     return true;
-  };
-  /* Key tiles a block mask (blocks a multiple of the tile, sm90_forward_covers)
-   * skips: tile n_end - 1 - i, as the walk runs backwards */
-  auto tile_skip = [&](const Block &k) {
-    return [&](int i) {
+  }
+  __device__ __forceinline__ auto tile_skip(const FwdBlock &k) const {
+    const FwdArgs &p = this->p;
+    return [&p, &k](int i) {
       return p.bmask && !__ldg(bmask_head(p, k.b, k.h) + (int64_t)(k.r0 / p.bm_q) * p.bm_sr +
                                (k.kt.n_end - 1 - i) * BC / p.bm_k);
     };
-  };
+  }
+};
+/* What the producer and the consumers share: the shared memory (Q's ring at
+ * sQ, then K's and V's, O's staging tile, the barriers at bars) and the
+ * barriers' addresses. */
+template <int D, int NWG, bool DECODE, bool PAGED>
+struct FwdCtx {
+  using S = FwdShape<D, NWG>;
+  using L = FwdSmem<D, NWG>;
+  static constexpr int BR = S::BR, BC = S::BC, ST = S::ST, NC = S::NWG * 128; /* consumer threads */
+  static constexpr int QST = L::QST;
+  const FwdParams &P;
+  const FwdArgs &p;
+  const int &pack, &rq;
+  uint32_t sQ, bars;
+  /* The producer takes the blocks (schedule.cuh) and hands each one's index
+   * to the consumers in slot[j & 1] with its Q (Q stage j % QST); -1 ends the
+   * walk. Both roles then walk the block's same live key tiles, so the K/V
+   * ring's position i runs in step; a block's tiles run from the last to the
+   * first, so a causal block's masked tiles come first. */
+  volatile int *slot;
+  __device__ __forceinline__ uint32_t q_full(int qs) const { return bars + 8 * qs; }
+  __device__ __forceinline__ uint32_t q_empty(int qs) const { return bars + 8 * (QST + qs); }
+  __device__ __forceinline__ uint32_t k_full(int st) const { return bars + 8 * (2 * QST + st); }
+  __device__ __forceinline__ uint32_t v_full(int st) const {
+    return bars + 8 * (2 * QST + ST + st);
+  }
+  __device__ __forceinline__ uint32_t k_empty(int st) const {
+    return bars + 8 * (2 * QST + 2 * ST + st);
+  }
+  __device__ __forceinline__ uint32_t v_empty(int st) const {
+    return bars + 8 * (2 * QST + 3 * ST + st);
+  }
+};
+/* A paged cache's key tile n (K/V head hk) into stage st, whose ring phase
+ * is ph: lane l of producer warp w (of NW) issues box l * NW + w, a
+ * page-aligned run of the tile's keys */
+template <int NW, int D, int NWG, bool DECODE, bool PAGED>
+__device__ __forceinline__ void fwd_load_boxes(const FwdParams &P,
+                                               const FwdCtx<D, NWG, DECODE, PAGED> &c,
+                                               const FwdBlock &k, int n, int st, int ph, int hk,
+                                               int warp, int lane) {
+  using L = typename FwdCtx<D, NWG, DECODE, PAGED>::L;
+  constexpr int BC = FwdCtx<D, NWG, DECODE, PAGED>::BC;
+  const FwdArgs &p = P.a;
+  const int bx = lane * NW + warp, key = n * BC + bx * P.box; /* its box */
+  const int live = BC / P.box > bx && key < k.sv.nk;
+  int pg = 0, row = 0;
+  if (live) {
+    const int idx = key / p.page;
+    row = key - idx * p.page;
+    pg = page_of(p, page_row(p, k.b), key);
+  }
+  /* the boxes that hold keys: the tile's bytes (one warp holding them
+   * all counts its lanes: the D = 64 decode kernel has no registers
+   * for the division) */
+  const int boxes = NW > 1 ? min(BC / P.box, (k.sv.nk - n * BC + P.box - 1) / P.box)
+                           : __popc(__ballot_sync(0xffffffffu, live));
+  const uint32_t bytes = (uint32_t)boxes * P.box * D * 2;
+  const uint32_t dk = c.sQ + L::K0 + st * L::TBYTES + bx * P.box * 128;
+  const uint32_t dv = c.sQ + L::V0 + st * L::TBYTES + bx * P.box * 128;
+  /* another warp's boxes may land before warp 0 announces the
+   * bytes: the phase also waits for that arrival */
+  if (lane == 0) {
+    mbar_wait(c.k_empty(st), ph ^ 1);
+    if (warp == 0) mbar_expect_tx(c.k_full(st), bytes);
+  }
+  __syncwarp();
+  if (live)
+#pragma unroll
+    for (int cc = 0; cc < D / 64; ++cc)
+      tma_load_4d(dk + cc * BC * 128, &P.tk, c.k_full(st), cc * 64, row, hk, pg);
+  if (lane == 0) {
+    mbar_wait(c.v_empty(st), ph ^ 1);
+    if (warp == 0) mbar_expect_tx(c.v_full(st), bytes);
+  }
+  __syncwarp();
+  if (live)
+#pragma unroll
+    for (int cc = 0; cc < D / 64; ++cc)
+      tma_load_4d(dv + cc * BC * 128, &P.tv, c.v_full(st), cc * 64, row, hk, pg);
+}
 
-  if (tid < 128) { /* ---- producer warpgroup ---- */
-    regs_dealloc<S::PRODUCER_REGS>();
-    /* Warp 0 walks the tiles, its lanes issue the copies. A paged cache's
-     * tile is a TMA box per page-aligned run of keys, which a warp issues
-     * lane after lane: at pages of 16 (8 boxes for each 64 columns of K and
-     * of V) one warp's issue outlasted the consumers' tile (prefill 1.38-1.42x
-     * a contiguous cache on an H100, 1.07-1.09x with the four warps). So the
-     * forward's producer warps (PW) all walk a paged cache's tiles, warp 0
-     * telling the others each block (pslot, named barrier 7), and share the
-     * boxes. */
-    constexpr int NW = PW;
-    const int warp = tid >> 5, lane = tid & 31;
-    if (warp < NW) {
-      /* lane 0 takes the next block, the warp learns it */
-      auto take = [&]() {
-        int t = 0;
-        if (tid == 0) t = P.sched.take();
-        return __shfl_sync(0xffffffffu, t, 0);
-      };
-      const uint32_t pslot = sQ + L::PSLOTS; /* a 32-bit address: fewer registers */
-      const bool walker = NW == 1 || warp == 0;
-      const int total = P.sched.total();
-      Block k;
-      int i = 0, t = blockIdx.x;
-      for (int j = 0;; ++j, t = walker ? take() : t) {
-        if (walker)
-          while (t < total && !setup(t, k)) t = take();
-        if (NW > 1) {
-          if (tid == 0)
-            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(pslot + 4 * (j & 1)), "r"(t));
-          named_sync(7, 32 * NW);
-          if (!walker) {
-            asm volatile("ld.volatile.shared.u32 %0, [%1];\n" : "=r"(t) : "r"(pslot + 4 * (j & 1)));
-            if (t < total) setup(t, k);
-          }
+template <int PW, int D, int NWG, bool DECODE, bool PAGED>
+__device__ __forceinline__ void fwd_producer(const FwdParams &P,
+                                             const FwdCtx<D, NWG, DECODE, PAGED> &c,
+                                             const FwdSetup<D, NWG, DECODE, PAGED> &su, int tid) {
+  using C = FwdCtx<D, NWG, DECODE, PAGED>;
+  using S = typename C::S;
+  using L = typename C::L;
+  constexpr int BR = C::BR, BC = C::BC, ST = C::ST, QST = C::QST;
+  const FwdArgs &p = P.a;
+  regs_dealloc<S::PRODUCER_REGS>();
+  /* Warp 0 walks the tiles, its lanes issue the copies. A paged cache's
+   * tile is a TMA box per page-aligned run of keys, which a warp issues
+   * lane after lane: at pages of 16 (8 boxes for each 64 columns of K and
+   * of V) one warp's issue outlasted the consumers' tile (prefill 1.38-1.42x
+   * a contiguous cache on an H100, 1.07-1.09x with the four warps). So the
+   * forward's producer warps (PW) all walk a paged cache's tiles, warp 0
+   * telling the others each block (pslot, named barrier 7), and share the
+   * boxes. */
+  constexpr int NW = PW;
+  const int warp = tid >> 5, lane = tid & 31;
+  if (warp < NW) {
+    /* lane 0 takes the next block, the warp learns it */
+    auto take = [&]() {
+      int t = 0;
+      if (tid == 0) t = P.sched.take();
+      return __shfl_sync(0xffffffffu, t, 0);
+    };
+    const uint32_t pslot = c.sQ + L::PSLOTS; /* a 32-bit address: fewer registers */
+    const bool walker = NW == 1 || warp == 0;
+    const int total = P.sched.total();
+    FwdBlock k;
+    int i = 0, t = blockIdx.x;
+    for (int j = 0;; ++j, t = walker ? take() : t) {
+      if (walker)
+        while (t < total && !su.setup(t, k)) t = take();
+      if (NW > 1) {
+        if (tid == 0) st_shared_u32(pslot + 4 * (j & 1), t);
+        named_sync(7, 32 * NW);
+        if (!walker) {
+          t = ld_shared_volatile_u32(pslot + 4 * (j & 1));
+          if (t < total) su.setup(t, k);
         }
-        const bool more = t < total;
-        if (tid == 0) { /* Q once the consumers are done with the stage's last block */
-          const int qs = j % QST;
-          mbar_wait(q_empty(qs), ((j / QST) & 1) ^ 1);
-          slot[j & 1] = more ? t : -1;
-          if (more) {
-            mbar_expect_tx(q_full(qs), (uint32_t)(rq * pack) * D * 2); /* QBYTES unpacked */
-            const MapSeq mq = map_seq(p.cu_q != nullptr, k.b, p.nq, k.sv.q0, k.sv.nq);
-            tma_load_tile<BR, D>(sQ + qs * L::QBYTES, &P.tq, q_full(qs), mq.row + k.r0, k.h,
-                                 mq.batch);
-          } else {
-            mbar_arrive(q_full(qs));
-          }
+      }
+      const bool more = t < total;
+      if (tid == 0) { /* Q once the consumers are done with the stage's last block */
+        const int qs = j % QST;
+        mbar_wait(c.q_empty(qs), ((j / QST) & 1) ^ 1);
+        c.slot[j & 1] = more ? t : -1;
+        if (more) {
+          mbar_expect_tx(c.q_full(qs), (uint32_t)(c.rq * c.pack) * D * 2); /* QBYTES unpacked */
+          const MapSeq mq = map_seq(p.cu_q != nullptr, k.b, p.nq, k.sv.q0, k.sv.nq);
+          tma_load_tile<BR, D>(c.sQ + qs * L::QBYTES, &P.tq, c.q_full(qs), mq.row + k.r0, k.h,
+                               mq.batch);
+        } else {
+          mbar_arrive(c.q_full(qs));
         }
-        if (!more) break;
-        const int hk = k.h / p.group;
-        const MapSeq mk = map_kv(p, P.kv_rows, k.b, k.sv);
-        for_each_live(k.kt.n_end - k.kt.n_begin, tile_skip(k), [&](int kk) {
-          const int n = k.kt.n_end - 1 - kk, st = i % ST, ph = (i / ST) & 1;
-          ++i;
-          if constexpr (PAGED) { /* a box per page-aligned run, each lane its own */
-            const int bx = lane * NW + warp, key = n * BC + bx * P.box; /* its box */
-            const int live = BC / P.box > bx && key < k.sv.nk;
-            int pg = 0, row = 0;
-            if (live) {
-              const int idx = key / p.page;
-              row = key - idx * p.page;
-              pg = page_of(p, page_row(p, k.b), key);
-            }
-            /* the boxes that hold keys: the tile's bytes (one warp holding them
-             * all counts its lanes: the D = 64 decode kernel has no registers
-             * for the division) */
-            const int boxes = NW > 1 ? min(BC / P.box, (k.sv.nk - n * BC + P.box - 1) / P.box)
-                                     : __popc(__ballot_sync(0xffffffffu, live));
-            const uint32_t bytes = (uint32_t)boxes * P.box * D * 2;
-            const uint32_t dk = sQ + L::K0 + st * L::TBYTES + bx * P.box * 128;
-            const uint32_t dv = sQ + L::V0 + st * L::TBYTES + bx * P.box * 128;
-            /* another warp's boxes may land before warp 0 announces the
-             * bytes: the phase also waits for that arrival */
-            if (lane == 0) {
-              mbar_wait(k_empty(st), ph ^ 1);
-              if (warp == 0) mbar_expect_tx(k_full(st), bytes);
-            }
-            __syncwarp();
-            if (live)
+      }
+      if (!more) break;
+      const int hk = k.h / p.group;
+      const MapSeq mk = map_kv(p, P.kv_rows, k.b, k.sv);
+      for_each_live(k.kt.n_end - k.kt.n_begin, su.tile_skip(k), [&](int kk) {
+        const int n = k.kt.n_end - 1 - kk, st = i % ST, ph = (i / ST) & 1;
+        ++i;
+        if constexpr (PAGED) { /* a box per page-aligned run, each lane its own */
+          fwd_load_boxes<NW>(P, c, k, n, st, ph, hk, warp, lane);
+          return;
+        }
+        if (tid != 0) return;
+        mbar_wait(c.k_empty(st), ph ^ 1);
+        mbar_expect_tx(c.k_full(st), L::TBYTES);
+        tma_load_tile<BC, D>(c.sQ + L::K0 + st * L::TBYTES, &P.tk, c.k_full(st), mk.row + n * BC,
+                             hk, mk.batch);
+        mbar_wait(c.v_empty(st), ph ^ 1);
+        mbar_expect_tx(c.v_full(st), L::TBYTES);
+        tma_load_tile<BC, D>(c.sQ + L::V0 + st * L::TBYTES, &P.tv, c.v_full(st), mk.row + n * BC,
+                             hk, mk.batch);
+      });
+    }
+  }
+}
+
+/* The decode/split epilogue, and D = 256's (no staging tile): O and lse
+ * from this thread's accumulator rows (rows wrow + g and + 8, columns 2 t
+ * and 2 t + 1 of each 8). */
+template <typename T, int D, int NWG, bool DECODE, bool PAGED>
+__device__ __forceinline__ void fwd_store_rows(const FwdParams &P,
+                                               const FwdCtx<D, NWG, DECODE, PAGED> &c,
+                                               const FwdBlock &k, const float (&o)[D / 8][4],
+                                               const float (&m_run)[2], const float (&l_run)[2],
+                                               int wrow, int g, int t) {
+  const FwdArgs &p = P.a;
+  const float mul = p.scale_log2;
+  /* block row lr's head within the pack */
+  auto head_of = [&](int lr) { return DECODE ? lr >> p.pack_log2 : 0; };
+  float *lse_row = p.lse + k.sv.lse0 + k.h * k.sv.lse_hs + k.r0;
+  T *o_blk = (T *)p.o + k.sv.qb * p.o_sb + (k.sv.q0 + k.r0) * p.o_ss + k.h * p.o_sh;
+  /* normalise, write from registers: with a split, this split's O and
+   * lse (float32) for the combine; else O and lse themselves (rows of
+   * several heads when packed) */
+  const bool part = DECODE && p.nsplit > 1;
 #pragma unroll
-              for (int c = 0; c < D / 64; ++c)
-                tma_load_4d(dk + c * BC * 128, &P.tk, k_full(st), c * 64, row, hk, pg);
-            if (lane == 0) {
-              mbar_wait(v_empty(st), ph ^ 1);
-              if (warp == 0) mbar_expect_tx(v_full(st), bytes);
-            }
-            __syncwarp();
-            if (live)
+  for (int rr = 0; rr < 2; ++rr) {
+    float lse;
+    const float inv = online_finish(m_run[rr] * mul, l_run[rr], &lse);
+    const int lr = wrow + g + 8 * rr, hi = head_of(lr), qi = lr - hi * c.rq;
+    if (hi >= c.pack || qi >= k.rows) continue;
+    const int64_t li = hi * k.sv.lse_hs + qi; /* from lse_row */
+    const int64_t prow = k.sp * p.part_rows + k.sv.lse0 + k.h * k.sv.lse_hs + k.r0 + li;
+    if (t == 0) *(part ? p.part_lse + prow : lse_row + li) = lse;
 #pragma unroll
-              for (int c = 0; c < D / 64; ++c)
-                tma_load_4d(dv + c * BC * 128, &P.tv, v_full(st), c * 64, row, hk, pg);
-            return;
-          }
-          if (tid != 0) return;
-          mbar_wait(k_empty(st), ph ^ 1);
-          mbar_expect_tx(k_full(st), L::TBYTES);
-          tma_load_tile<BC, D>(sQ + L::K0 + st * L::TBYTES, &P.tk, k_full(st), mk.row + n * BC, hk,
-                               mk.batch);
-          mbar_wait(v_empty(st), ph ^ 1);
-          mbar_expect_tx(v_full(st), L::TBYTES);
-          tma_load_tile<BC, D>(sQ + L::V0 + st * L::TBYTES, &P.tv, v_full(st), mk.row + n * BC, hk,
-                               mk.batch);
-        });
+    for (int jj = 0; jj < D / 8; ++jj) {
+      const float x = o[jj][2 * rr] * inv, y = o[jj][2 * rr + 1] * inv;
+      const int col = jj * 8 + 2 * t;
+      if (part) {
+        *reinterpret_cast<float2 *>(p.part_o + prow * D + col) = make_float2(x, y);
+      } else { /* a pair, or the last column of an odd d */
+        T *dst = o_blk + hi * p.o_sh + qi * p.o_ss + col;
+        if (col + 2 <= p.d)
+          *reinterpret_cast<uint32_t *>(dst) = pack2<T>(x, y);
+        else if (col < p.d)
+          *dst = T(x);
       }
     }
-    return;
   }
+}
 
-  /* ---- consumer warpgroups ---- */
+/* The other epilogue (D <= 192, no split): O through its staging tile. */
+template <typename T, int D, int NWG, bool DECODE, bool PAGED>
+__device__ __forceinline__ void fwd_store_staged(const FwdParams &P,
+                                                 const FwdCtx<D, NWG, DECODE, PAGED> &c,
+                                                 const FwdBlock &k, const float (&o)[D / 8][4],
+                                                 const float (&m_run)[2], const float (&l_run)[2],
+                                                 int ctid, int wrow, int g, int t) {
+  using C = FwdCtx<D, NWG, DECODE, PAGED>;
+  using S = typename C::S;
+  using L = typename C::L;
+  constexpr int BR = C::BR, NC = C::NC;
+  const FwdArgs &p = P.a;
+  const float mul = p.scale_log2;
+  const int wg = ctid >> 7;
+  T *sO = smem_at<T>(c.sQ + L::O0);
+  float *lse_row = p.lse + k.sv.lse0 + k.h * k.sv.lse_hs + k.r0;
+  T *o_blk = (T *)p.o + k.sv.qb * p.o_sb + (k.sv.q0 + k.r0) * p.o_ss + k.h * p.o_sh;
+  /* Normalise, write lse, stage O (stage_o_at) through shared memory and
+   * store it. With two warpgroups each stages and stores its own 64 rows
+   * between barriers of its own (4 + wg): one warpgroup's epilogue then
+   * runs under the other's last products instead of waiting for them
+   * (D = 128: +2-4% causal at 512-2048 keys). Three (D = 64) keep
+   * block-wide ones: their own were 2.5% slower at 512 keys (docs/PERF.md).
+   * The first barrier: every thread of the group is done storing its
+   * previous rows. */
+  constexpr bool OWN = S::NWG == 2;
+  constexpr int ER = OWN ? 64 : BR, ET = OWN ? 128 : NC;
+  const int bar = OWN ? 4 + wg : 1, er0 = OWN ? wg * 64 : 0;
+  named_sync(bar, ET);
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float lse;
+    const float inv = online_finish(m_run[rr] * mul, l_run[rr], &lse);
+    const int lr = wrow + g + 8 * rr;
+    if (t == 0 && lr < k.rows) lse_row[lr] = lse;
+#pragma unroll
+    for (int jj = 0; jj < D / 8; ++jj)
+      *reinterpret_cast<uint32_t *>(sO + stage_o_at<D>(lr, jj) + 2 * t) =
+          pack2<T>(o[jj][2 * rr] * inv, o[jj][2 * rr + 1] * inv);
+  }
+  named_sync(bar, ET);
+  store_tile<T, ER, D, ET, true>(o_blk + er0 * p.o_ss, p.o_ss, sO + er0 * D, k.rows - er0, p.d,
+                                 OWN ? ctid & 127 : ctid);
+}
+
+/* A consumer thread: ctid among the consumer threads, in warpgroup wg (64
+ * query rows), at lane of its warp; wrow is the warp's first row in the
+ * block, g and t the lane's accumulator rows (g, g + 8) and column pairs
+ * (2 t, 2 t + 1 of each 8); mul scales the scores (log2 domain). */
+struct FwdThread {
+  int ctid, wg, lane, g, t, wrow;
+  float mul;
+};
+
+/* A paged cache's last tile: its V rows past the keys hold what the page
+ * holds there (anything, NaN included: 0 x NaN in P V) or an earlier
+ * tile's rows. Warpgroup 0 zeroes them once V arrived, and the others
+ * wait for it (named barrier 6), at the tile's start, where the fewest
+ * registers are live (D = 256 spilled at P V). Maps of contiguous caches
+ * end at the keys, and TMA fills with zeros. */
+template <int D, int NWG, bool DECODE, bool PAGED>
+__device__ __forceinline__ void fwd_v_tail(const FwdCtx<D, NWG, DECODE, PAGED> &c, int st, int i,
+                                           int keys, int wg, int ctid) {
+  using C = FwdCtx<D, NWG, DECODE, PAGED>;
+  using L = typename C::L;
+  constexpr int BC = C::BC, ST = C::ST, NC = C::NC;
+  if (wg > 0) return named_sync(6, NC);
+  mbar_wait(c.v_full(st), (i / ST) & 1);
+  /* thread w: 16-byte chunk w % (D / 8) of rows keys + w / (D / 8), ... */
+  constexpr int CPR = D / 8, RS = 128 / CPR;
+  const int w = ctid & 127, ch = w % CPR;
+  const uint32_t base = c.sQ + L::V0 + st * L::TBYTES + ch / 8 * BC * 128 + ch % 8 * 16;
+  for (int r = keys + w / CPR; r < BC; r += RS) st_shared_zero16(base + r * 128);
+  fence_proxy_async();
+  named_arrive(6, NC);
+}
+
+/* Issue O += P V (V's tile at v_base, BC keys of D columns; P as A
+ * fragments pa) and commit it */
+template <typename T, int D, int BC>
+__device__ __forceinline__ void fwd_pv(float (&o)[D / 8][4], const uint32_t (&pa)[BC / 16][4],
+                                       uint32_t v_base) {
+  /* columns [c, c + 128) per product, the last one [c, c + 64) at D =
+   * 192 (the widths wgmma.cuh instantiates: 64, 128); column c's 64-column
+   * block starts c / 64 * BC * 128 bytes into the tile */
+  constexpr int PN = D >= 128 ? 128 : D, PL = D % PN ? D % PN : PN;
+#pragma unroll
+  for (int kk = 0; kk < BC / 16; ++kk) {
+#pragma unroll
+    for (int c = 0; c + PN <= D; c += PN)
+      wgmma_rs<T, PN>(*reinterpret_cast<float(*)[PN / 8][4]>(&o[c / 8][0]), pa[kk],
+                      sw128_mnmajor(v_base + c / 64 * BC * 128, kk, BC * 128), 1);
+    if constexpr (PL != PN)
+      wgmma_rs<T, PL>(*reinterpret_cast<float(*)[PL / 8][4]>(&o[(D - PL) / 8][0]), pa[kk],
+                      sw128_mnmajor(v_base + (D - PL) / 64 * BC * 128, kk, BC * 128), 1);
+  }
+  wg_commit();
+}
+
+/* Tile n's scores s outside each row's visible keys -> -inf */
+template <int D, int NWG, bool DECODE, bool PAGED>
+__device__ __forceinline__ void fwd_mask(float (&s)[FwdCtx<D, NWG, DECODE, PAGED>::BC / 8][4],
+                                         const FwdCtx<D, NWG, DECODE, PAGED> &c, const FwdBlock &k,
+                                         int n, int wrow, int g, int t) {
+  constexpr int BC = FwdCtx<D, NWG, DECODE, PAGED>::BC;
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    int64_t lo, hi;
+    const int lr = wrow + g + 8 * rr;
+    fa_mask_row_range(&k.mk, k.r0 + (DECODE ? lr & (c.rq - 1) : lr), &lo, &hi);
+#pragma unroll
+    for (int jj = 0; jj < BC / 8; ++jj)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = n * BC + jj * 8 + 2 * t + e;
+        if (col < lo || col >= hi) s[jj][2 * rr + e] = -INFINITY;
+      }
+  }
+}
+
+/* A consumer warpgroup's walk over block k's live key tiles: O, m and l
+ * of its rows (accumulators o, m_run and l_run; Q's rows at q_base); i is
+ * the K/V ring's position, carried from block to block. */
+template <typename T, int D, int NWG, bool DECODE, bool PAGED>
+__device__ __forceinline__ void fwd_tiles(const FwdParams &P,
+                                          const FwdCtx<D, NWG, DECODE, PAGED> &c,
+                                          const FwdSetup<D, NWG, DECODE, PAGED> &su,
+                                          const FwdBlock &k, uint32_t q_base, int &i,
+                                          float (&o)[D / 8][4], float (&m_run)[2],
+                                          float (&l_run)[2], const FwdThread &th) {
+  using C = FwdCtx<D, NWG, DECODE, PAGED>;
+  using S = typename C::S;
+  using L = typename C::L;
+  constexpr int BR = C::BR, BC = C::BC, ST = C::ST, NC = C::NC;
+  /* read once per block, here (the machine code depends on where they are read) */
+  const int ctid = th.ctid, wg = th.wg, lane = th.lane, g = th.g, t = th.t, wrow = th.wrow;
+  const float mul = th.mul;
+  /* Per key tile j:
+   *   S_j = Q K_j^T; mask, online softmax (m, l, P_j, alpha_j);
+   *   O = alpha_j O; O += P_j V_j.
+   * With OVERLAP, O += P_j V_j is issued with S_{j+1}, and the softmax of
+   * S_{j+1} runs while the tensor cores do it (FlashAttention-3's
+   * intra-warpgroup pipelining); a masked tile (its scores outside each
+   * row's visible keys set to -inf) waits for both products first. */
+  uint32_t pa[BC / 16][4];   /* P of the pending tile, A fragments */
+  int pend = -1, pend_i = 0; /* its ring stage (-1: none) and position */
+  /* issue O += P V from stage st's V (arrived) */
+  auto pv = [&](int st) { fwd_pv<T, D, BC>(o, pa, c.sQ + L::V0 + st * L::TBYTES); };
+  /* after its wait: stage st's V back to the producer */
+  auto pv_done = [&](int st) {
+    reg_fence(o);
+    reg_fence(pa);
+    if (lane == 0) mbar_arrive(c.v_empty(st));
+  };
+  /* O += P V of tile i (stage st), waited for */
+  auto pv_now = [&](int st, int i) {
+    mbar_wait(c.v_full(st), (i / ST) & 1);
+    wg_fence();
+    pv(st);
+    wg_wait<0>();
+    pv_done(st);
+  };
+  /* issue S = Q K^T of stage st */
+  auto qk = [&](float(&s)[BC / 8][4], int st) {
+    const uint32_t k_base = c.sQ + L::K0 + st * L::TBYTES;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma_ss<T, BC>(s, sw128_kmajor<BR>(q_base, kk), sw128_kmajor<BC>(k_base, kk), kk > 0);
+    wg_commit();
+  };
+  /* S_j arrived: K's stage back, mask, softmax (alpha for O) */
+  auto soft = [&](float(&s)[BC / 8][4], float(&alpha)[2], int n, int st, bool masked) {
+    reg_fence(s);
+    if (lane == 0) mbar_arrive(c.k_empty(st));
+    if (masked) fwd_mask(s, c, k, n, wrow, g, t);
+    softmax_tile<BC, D, S::OVERLAP>(s, o, m_run, l_run, alpha, mul);
+  };
+  /* P_j -> A fragments (OVERLAP: O rescaled first, no product in flight) */
+  auto to_a = [&](float(&s)[BC / 8][4], const float(&alpha)[2]) {
+    if (S::OVERLAP)
+#pragma unroll
+      for (int jj = 0; jj < D / 8; ++jj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[jj][e] *= alpha[e >> 1];
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) c_to_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+  };
+  /* Pingpong (OVERLAP): warpgroup w issues a tile's products after
+   * barrier 2 + w saw the other's issue, then lets the other go (its first
+   * turn is the other's arrival at kernel start, each later one that of
+   * its last issue, also across blocks: both walk the same tiles). */
+  auto turn_take = [&]() {
+    if (S::OVERLAP) named_sync(2 + wg, NC);
+  };
+  auto turn_give = [&]() {
+    if (S::OVERLAP) named_arrive(3 - wg, NC);
+  };
+  /* S of stage st and the pending tile's P V, in this warpgroup's turn */
+  auto issue_both = [&](float(&s)[BC / 8][4], int st) {
+    mbar_wait(c.v_full(pend), (pend_i / ST) & 1);
+    turn_take();
+    wg_fence();
+    qk(s, st);
+    pv(pend);
+    turn_give();
+  };
+  /* Each branch leaves no product in flight: ptxas serialises every wgmma
+   * of the kernel (warning C7520) when one stays in flight across a branch
+   * or a spin wait. */
+  for_each_live(k.kt.n_end - k.kt.n_begin, su.tile_skip(k), [&](int kk) {
+    const int n = k.kt.n_end - 1 - kk, st = i % ST;
+    const bool masked = k.kt.masked(n * BC, BC, k.sv.nk);
+    mbar_wait(c.k_full(st), (i / ST) & 1);
+    if (PAGED && k.sv.nk - n * BC < BC) fwd_v_tail(c, st, i, k.sv.nk - n * BC, wg, ctid);
+    float s[BC / 8][4], alpha[2];
+    if (S::OVERLAP && pend >= 0 && !masked) { /* no branch while P V runs */
+      issue_both(s, st);
+      wg_wait<1>();
+      soft(s, alpha, n, st, false);
+      wg_wait<0>();
+      pv_done(pend);
+    } else if (S::OVERLAP && pend >= 0) { /* masked: both products, then the mask */
+      issue_both(s, st);
+      wg_wait<0>();
+      pv_done(pend);
+      soft(s, alpha, n, st, masked);
+    } else { /* the block's first tile (OVERLAP), every tile (else) */
+      turn_take();
+      wg_fence();
+      qk(s, st);
+      turn_give();
+      wg_wait<0>();
+      soft(s, alpha, n, st, masked);
+    }
+    to_a(s, alpha);
+    if (S::OVERLAP) {
+      pend = st;
+      pend_i = i;
+    } else {
+      pv_now(st, i);
+    }
+    ++i;
+  });
+  if (S::OVERLAP && pend >= 0) pv_now(pend, pend_i); /* the last tile's product */
+}
+
+/* The consumer warpgroups: block after block, Q's stage from the producer,
+ * the key tiles' online softmax, then the epilogue. */
+template <typename T, int D, int NWG, bool DECODE, bool PAGED>
+__device__ __forceinline__ void fwd_consumer(const FwdParams &P,
+                                             const FwdCtx<D, NWG, DECODE, PAGED> &c,
+                                             const FwdSetup<D, NWG, DECODE, PAGED> &su, int tid) {
+  using C = FwdCtx<D, NWG, DECODE, PAGED>;
+  using S = typename C::S;
+  using L = typename C::L;
+  constexpr int NC = C::NC, QST = C::QST;
   regs_alloc<S::CONSUMER_REGS>();
   const int ctid = tid - 128, wg = ctid >> 7, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   const int wrow = wg * 64 + ((ctid >> 5) & 3) * 16; /* this warp's first row in the block */
-  const float mul = p.scale_log2;
-  T *sO = reinterpret_cast<T *>(smem_raw + (sQ + L::O0 - smem_addr(smem_raw)));
+  const FwdThread th{ctid, wg, lane, g, t, wrow, P.a.scale_log2};
 
-  Block k;
+  FwdBlock k;
   int i = 0;                                      /* visited tiles so far: the ring's position */
   if (S::OVERLAP && wg == 1) named_arrive(2, NC); /* warpgroup 0 issues first */
   for (int j = 0;; ++j) {
     const int qs = j % QST;
-    mbar_wait(q_full(qs), (j / QST) & 1);
-    const int blk = slot[j & 1];
+    mbar_wait(c.q_full(qs), (j / QST) & 1);
+    const int blk = c.slot[j & 1];
     if (blk < 0) break;
-    setup(blk, k);
-    const uint32_t q_base = sQ + qs * L::QBYTES + wg * 64 * 128; /* this warpgroup's Q rows */
+    su.setup(blk, k);
+    const uint32_t q_base = c.sQ + qs * L::QBYTES + wg * 64 * 128; /* this warpgroup's Q rows */
     float o[D / 8][4];
 #pragma unroll
     for (int jj = 0; jj < D / 8; ++jj)
@@ -364,224 +672,70 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
       for (int e = 0; e < 4; ++e) o[jj][e] = 0.f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
-    /* Per key tile j:
-     *   S_j = Q K_j^T; mask, online softmax (m, l, P_j, alpha_j);
-     *   O = alpha_j O; O += P_j V_j.
-     * With OVERLAP, O += P_j V_j is issued with S_{j+1}, and the softmax of
-     * S_{j+1} runs while the tensor cores do it (FlashAttention-3's
-     * intra-warpgroup pipelining); a masked tile (its scores outside each
-     * row's visible keys set to -inf) waits for both products first. */
-    uint32_t pa[BC / 16][4];   /* P of the pending tile, A fragments */
-    int pend = -1, pend_i = 0; /* its ring stage (-1: none) and position */
-    /* A paged cache's last tile: its V rows past the keys hold what the page
-     * holds there (anything, NaN included: 0 x NaN in P V) or an earlier
-     * tile's rows. Warpgroup 0 zeroes them once V arrived, and the others
-     * wait for it (named barrier 6), at the tile's start, where the fewest
-     * registers are live (D = 256 spilled at P V). Maps of contiguous caches
-     * end at the keys, and TMA fills with zeros. */
-    auto v_tail = [&](int st, int i, int keys) {
-      if (wg > 0) return named_sync(6, NC);
-      mbar_wait(v_full(st), (i / ST) & 1);
-      /* thread w: 16-byte chunk w % (D / 8) of rows keys + w / (D / 8), ... */
-      constexpr int CPR = D / 8, RS = 128 / CPR;
-      const int w = ctid & 127, ch = w % CPR;
-      const uint32_t base = sQ + L::V0 + st * L::TBYTES + ch / 8 * BC * 128 + ch % 8 * 16;
-      for (int r = keys + w / CPR; r < BC; r += RS)
-        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(base + r * 128), "r"(0)
-                     : "memory");
-      fence_proxy_async();
-      named_arrive(6, NC);
-    };
-    /* issue O += P V from stage st's V (arrived) */
-    auto pv = [&](int st) {
-      const uint32_t v_base = sQ + L::V0 + st * L::TBYTES;
-      /* columns [c, c + 128) per product, the last one [c, c + 64) at D =
-       * 192 (the widths wgmma.cuh instantiates: 64, 128); column c's 64-column
-       * block starts c / 64 * BC * 128 bytes into the tile */
-      constexpr int PN = D >= 128 ? 128 : D, PL = D % PN ? D % PN : PN;
-#pragma unroll
-      for (int kk = 0; kk < BC / 16; ++kk) {
-#pragma unroll
-        for (int c = 0; c + PN <= D; c += PN)
-          wgmma_rs<T, PN>(*reinterpret_cast<float(*)[PN / 8][4]>(&o[c / 8][0]), pa[kk],
-                          sw128_mnmajor(v_base + c / 64 * BC * 128, kk, BC * 128), 1);
-        if constexpr (PL != PN)
-          wgmma_rs<T, PL>(*reinterpret_cast<float(*)[PL / 8][4]>(&o[(D - PL) / 8][0]), pa[kk],
-                          sw128_mnmajor(v_base + (D - PL) / 64 * BC * 128, kk, BC * 128), 1);
-      }
-      wg_commit();
-    };
-    /* after its wait: stage st's V back to the producer */
-    auto pv_done = [&](int st) {
-      reg_fence(o);
-      reg_fence(pa);
-      if (lane == 0) mbar_arrive(v_empty(st));
-    };
-    /* O += P V of tile i (stage st), waited for */
-    auto pv_now = [&](int st, int i) {
-      mbar_wait(v_full(st), (i / ST) & 1);
-      wg_fence();
-      pv(st);
-      wg_wait<0>();
-      pv_done(st);
-    };
-    /* issue S = Q K^T of stage st */
-    auto qk = [&](float(&s)[BC / 8][4], int st) {
-      const uint32_t k_base = sQ + L::K0 + st * L::TBYTES;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        wgmma_ss<T, BC>(s, sw128_kmajor<BR>(q_base, kk), sw128_kmajor<BC>(k_base, kk), kk > 0);
-      wg_commit();
-    };
-    /* S_j arrived: K's stage back, mask, softmax (alpha for O) */
-    auto soft = [&](float(&s)[BC / 8][4], float(&alpha)[2], int n, int st, bool masked) {
-      reg_fence(s);
-      if (lane == 0) mbar_arrive(k_empty(st));
-      if (masked) /* scores outside each row's visible keys -> -inf */
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          int64_t lo, hi;
-          const int lr = wrow + g + 8 * rr;
-          fa_mask_row_range(&k.mk, k.r0 + (DECODE ? lr & (rq - 1) : lr), &lo, &hi);
-#pragma unroll
-          for (int jj = 0; jj < BC / 8; ++jj)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int col = n * BC + jj * 8 + 2 * t + e;
-              if (col < lo || col >= hi) s[jj][2 * rr + e] = -INFINITY;
-            }
-        }
-      softmax_tile<BC, D, S::OVERLAP>(s, o, m_run, l_run, alpha, mul);
-    };
-    /* P_j -> A fragments (OVERLAP: O rescaled first, no product in flight) */
-    auto to_a = [&](float(&s)[BC / 8][4], const float(&alpha)[2]) {
-      if (S::OVERLAP)
-#pragma unroll
-        for (int jj = 0; jj < D / 8; ++jj)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) o[jj][e] *= alpha[e >> 1];
-#pragma unroll
-      for (int kk = 0; kk < BC / 16; ++kk) c_to_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
-    };
-    /* Pingpong (OVERLAP): warpgroup w issues a tile's products after
-     * barrier 2 + w saw the other's issue, then lets the other go (its first
-     * turn is the other's arrival at kernel start, each later one that of
-     * its last issue, also across blocks: both walk the same tiles). */
-    auto turn_take = [&]() {
-      if (S::OVERLAP) named_sync(2 + wg, NC);
-    };
-    auto turn_give = [&]() {
-      if (S::OVERLAP) named_arrive(3 - wg, NC);
-    };
-    /* S of stage st and the pending tile's P V, in this warpgroup's turn */
-    auto issue_both = [&](float(&s)[BC / 8][4], int st) {
-      mbar_wait(v_full(pend), (pend_i / ST) & 1);
-      turn_take();
-      wg_fence();
-      qk(s, st);
-      pv(pend);
-      turn_give();
-    };
-    /* Each branch leaves no product in flight: ptxas serialises every wgmma
-     * of the kernel (warning C7520) when one stays in flight across a branch
-     * or a spin wait. */
-    for_each_live(k.kt.n_end - k.kt.n_begin, tile_skip(k), [&](int kk) {
-      const int n = k.kt.n_end - 1 - kk, st = i % ST;
-      const bool masked = k.kt.masked(n * BC, BC, k.sv.nk);
-      mbar_wait(k_full(st), (i / ST) & 1);
-      if (PAGED && k.sv.nk - n * BC < BC) v_tail(st, i, k.sv.nk - n * BC);
-      float s[BC / 8][4], alpha[2];
-      if (S::OVERLAP && pend >= 0 && !masked) { /* no branch while P V runs */
-        issue_both(s, st);
-        wg_wait<1>();
-        soft(s, alpha, n, st, false);
-        wg_wait<0>();
-        pv_done(pend);
-      } else if (S::OVERLAP && pend >= 0) { /* masked: both products, then the mask */
-        issue_both(s, st);
-        wg_wait<0>();
-        pv_done(pend);
-        soft(s, alpha, n, st, masked);
-      } else { /* the block's first tile (OVERLAP), every tile (else) */
-        turn_take();
-        wg_fence();
-        qk(s, st);
-        turn_give();
-        wg_wait<0>();
-        soft(s, alpha, n, st, masked);
-      }
-      to_a(s, alpha);
-      if (S::OVERLAP) {
-        pend = st;
-        pend_i = i;
-      } else {
-        pv_now(st, i);
-      }
-      ++i;
-    });
-    if (S::OVERLAP && pend >= 0) pv_now(pend, pend_i); /* the last tile's product */
-    mbar_arrive(q_empty(qs)); /* the producer may load Q and write the slot again */
+    fwd_tiles<T>(P, c, su, k, q_base, i, o, m_run, l_run, th);
+    mbar_arrive(c.q_empty(qs)); /* the producer may load Q and write the slot again */
 
-    float *lse_row = p.lse + k.sv.lse0 + k.h * k.sv.lse_hs + k.r0;
-    T *o_blk = (T *)p.o + k.sv.qb * p.o_sb + (k.sv.q0 + k.r0) * p.o_ss + k.h * p.o_sh;
-    if (DECODE || !S::STAGE_O) {
-      /* normalise, write from registers: with a split, this split's O and
-       * lse (float32) for the combine; else O and lse themselves (rows of
-       * several heads when packed) */
-      const bool part = DECODE && p.nsplit > 1;
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        float lse;
-        const float inv = online_finish(m_run[rr] * mul, l_run[rr], &lse);
-        const int lr = wrow + g + 8 * rr, hi = head_of(lr), qi = lr - hi * rq;
-        if (hi >= pack || qi >= k.rows) continue;
-        const int64_t li = hi * k.sv.lse_hs + qi; /* from lse_row */
-        const int64_t prow = k.sp * p.part_rows + k.sv.lse0 + k.h * k.sv.lse_hs + k.r0 + li;
-        if (t == 0) *(part ? p.part_lse + prow : lse_row + li) = lse;
-#pragma unroll
-        for (int jj = 0; jj < D / 8; ++jj) {
-          const float x = o[jj][2 * rr] * inv, y = o[jj][2 * rr + 1] * inv;
-          const int col = jj * 8 + 2 * t;
-          if (part) {
-            *reinterpret_cast<float2 *>(p.part_o + prow * D + col) = make_float2(x, y);
-          } else { /* a pair, or the last column of an odd d */
-            T *dst = o_blk + hi * p.o_sh + qi * p.o_ss + col;
-            if (col + 2 <= p.d)
-              *reinterpret_cast<uint32_t *>(dst) = pack2<T>(x, y);
-            else if (col < p.d)
-              *dst = T(x);
-          }
-        }
-      }
-      continue;
-    }
-    /* Normalise, write lse, stage O (stage_o_at) through shared memory and
-     * store it. With two warpgroups each stages and stores its own 64 rows
-     * between barriers of its own (4 + wg): one warpgroup's epilogue then
-     * runs under the other's last products instead of waiting for them
-     * (D = 128: +2-4% causal at 512-2048 keys). Three (D = 64) keep
-     * block-wide ones: their own were 2.5% slower at 512 keys (docs/PERF.md).
-     * The first barrier: every thread of the group is done storing its
-     * previous rows. */
-    constexpr bool OWN = S::NWG == 2;
-    constexpr int ER = OWN ? 64 : BR, ET = OWN ? 128 : NC;
-    const int bar = OWN ? 4 + wg : 1, er0 = OWN ? wg * 64 : 0;
-    named_sync(bar, ET);
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      float lse;
-      const float inv = online_finish(m_run[rr] * mul, l_run[rr], &lse);
-      const int lr = wrow + g + 8 * rr;
-      if (t == 0 && lr < k.rows) lse_row[lr] = lse;
-#pragma unroll
-      for (int jj = 0; jj < D / 8; ++jj)
-        *reinterpret_cast<uint32_t *>(sO + stage_o_at<D>(lr, jj) + 2 * t) =
-            pack2<T>(o[jj][2 * rr] * inv, o[jj][2 * rr + 1] * inv);
-    }
-    named_sync(bar, ET);
-    store_tile<T, ER, D, ET, true>(o_blk + er0 * p.o_ss, p.o_ss, sO + er0 * D, k.rows - er0, p.d,
-                                   OWN ? ctid & 127 : ctid);
+    if constexpr (DECODE || !S::STAGE_O)
+      fwd_store_rows<T>(P, c, k, o, m_run, l_run, wrow, g, t);
+    else
+      fwd_store_staged<T>(P, c, k, o, m_run, l_run, ctid, wrow, g, t);
   }
+}
+
+/* DECODE: the decode shapes' kernel (sm90_forward), with the query heads of
+ * a K/V head packed into one block (FwdArgs::pack) and the keys split
+ * (FwdArgs::nsplit), both at run time (the other kernels' registers have no
+ * room for the row arithmetic: they spill). PAGED: K and V from a paged
+ * cache's pools (FwdArgs::block_table), a TMA box per page-aligned run of a
+ * tile's keys, issued by PW producer warps (fwd_launch). */
+template <typename T, int D, int NWG, bool DECODE, bool PAGED, int PW>
+__global__ void __launch_bounds__((NWG + 1) * 128, 1)
+    fwd_kernel(const __grid_constant__ FwdParams P) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using S = FwdShape<D, NWG>;
+  using L = FwdSmem<D, NWG>;
+  constexpr int BR = S::BR, ST = S::ST, NC = S::NWG * 128; /* consumer threads */
+  constexpr int QST = L::QST;
+  const FwdArgs &p = P.a;
+  const int pack = DECODE ? p.pack : 1, rq = DECODE ? 1 << p.pack_log2 : BR; /* rows per head */
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t sQ = (smem_addr(smem_raw) + 1023) & ~1023u;
+  const uint32_t bars = sQ + L::BARS;
+  const FwdCtx<D, NWG, DECODE, PAGED> c{
+      P, p, pack, rq, sQ, bars, smem_at<volatile int>(sQ + L::SLOTS)};
+
+  const int tid = threadIdx.x;
+  /* a split's combine kernel (launched as a programmatic dependent) may take
+   * the SMs this grid's CTAs free; it waits for the whole grid's writes */
+  if (DECODE) pdl_launch_dependents();
+  if (tid == 0) {
+    tma_prefetch_map(&P.tq);
+    tma_prefetch_map(&P.tk);
+    tma_prefetch_map(&P.tv);
+    for (int qs = 0; qs < QST; ++qs) {
+      mbar_init(c.q_full(qs), 1);
+      mbar_init(c.q_empty(qs), NC); /* every consumer thread: each read its slot */
+    }
+    for (int st = 0; st < ST; ++st) {
+      mbar_init(c.k_full(st), 1);
+      mbar_init(c.v_full(st), 1);
+      mbar_init(c.k_empty(st), NC / 32); /* one arrival per consumer warp */
+      mbar_init(c.v_empty(st), NC / 32);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  /* launched as a programmatic dependent: the KV-cache call's preparation
+   * (rotated q, appended rows) must be done */
+  if (p.pdl) pdl_wait();
+
+  const FwdSetup<D, NWG, DECODE, PAGED> su{P, p, pack, rq};
+  if (tid < 128) { /* ---- producer warpgroup ---- */
+    fwd_producer<PW>(P, c, su, tid);
+    return;
+  }
+
+  fwd_consumer<T>(P, c, su, tid);
 #endif
 }
 

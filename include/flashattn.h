@@ -198,7 +198,8 @@ typedef struct fa_params {
 
   /* CUDA forward: into how many ranges each sequence's keys are split, the
    * ranges' results combined afterwards (flash-attn's num_splits; faster for
-   * decode shapes, which leave most of the GPU idle otherwise): 0 lets the
+   * decode shapes and prefill chunks over few sequences, which leave most of
+   * the GPU idle otherwise): 0 lets the
    * library choose, 1 never splits, n in [2, 128] splits into n (at most one
    * per key tile). Any value gives the same result up to rounding. The CPU
    * ignores it (its results do not depend on how its work is split). */

@@ -112,6 +112,7 @@ typedef struct tcase {
   int probs;              /* also check fa_attention_probs */
   int sm_margin;          /* fa_params.sm_margin */
   int qtail;              /* varlen: rows of Q, O, dO, dQ past the last sequence (never written) */
+  int split;              /* the library splits the keys (the workspace holds partials) */
 } tcase;
 
 typedef struct tens {
@@ -582,6 +583,16 @@ static void run_case(const tcase *c) {
     if (bmh) pg.block_mask = bmd;
     tens qg = q, kg = k, vg = v, og = o;
     qg.t.data = qdv, kg.t.data = kdv, vg.t.data = vdv, og.t.data = odv;
+    if (c->split) { /* the case is there for the split path: the library must take it */
+      fa_params p1 = pg;
+      p1.num_splits = 1;
+      size_t w0 = 0, w1 = 0;
+      if (fa_workspace_size(FA_PASS_FORWARD, &pg, &qg.t, &kg.t, &vg.t, &w0) != FA_OK ||
+          fa_workspace_size(FA_PASS_FORWARD, &p1, &qg.t, &kg.t, &vg.t, &w1) != FA_OK || w0 <= w1) {
+        printf("FAIL %s: keys not split (workspace %zu bytes, %zu unsplit)\n", c->name, w0, w1);
+        g_fail++;
+      }
+    }
     st = fa_forward(&pg, &qg.t, &kg.t, &vg.t, &og.t, ldv);
     CK(cudaStreamSynchronize(stream));
     CK(cudaGetLastError());
@@ -992,37 +1003,39 @@ static void full_suite(void) {
       run_case(&c);
       { /* decode shapes: the Hopper forward splits the keys */
         c = base(nm("%s D=%d %s", "decode split nq=1 nk=5000", D, dt), dt, D, 1, 2, 1, 5000);
+        c.split = 1;
         run_case(&c);
         c = base(nm("%s D=%d %s", "decode split GQA 8:2 causal nq=1 nk=3000", D, dt), dt, D, 1, 8,
                  1, 3000);
-        c.Hk = 2, c.causal = 1;
+        c.Hk = 2, c.causal = 1, c.split = 1;
         run_case(&c);
         c = base(nm("%s D=%d %s", "decode split causal nq=5 nk=4100", D, dt), dt, D, 1, 2, 5, 4100);
-        c.causal = 1;
+        c.causal = 1, c.split = 1;
         run_case(&c);
         c = base(nm("%s D=%d %s", "decode split window 300,0 nq=1 nk=6000", D, dt), dt, D, 1, 2, 1,
                  6000);
-        c.window = 1, c.wl = 300, c.wr = 0;
+        c.window = 1, c.wl = 300, c.wr = 0, c.split = 1;
         run_case(&c);
         c = base(nm("%s D=%d %s", "decode split varlen 1,3,0,2 / 3000,1500,800,4100 causal", D, dt),
                  dt, D, 1, 2, 0, 0);
         c.nseq = 4, c.causal = 1;
         int lq4[4] = {1, 3, 0, 2}, lk4[4] = {3000, 1500, 800, 4100};
         seq_lens(&c, lq4, lk4);
+        c.split = 1;
         run_case(&c);
         /* prefill chunks against long caches: blocks of query rows, too few
          * to fill the GPU, split their keys too (a ragged last block) */
         c = base(nm("%s D=%d %s", "prefill split causal nq=300 nk=2600", D, dt), dt, D, 1, 2, 300,
                  2600);
-        c.causal = 1;
+        c.causal = 1, c.split = 1;
         run_case(&c);
         c = base(nm("%s D=%d %s", "prefill split GQA 8:2 window 1000,0 nq=256 nk=3000", D, dt), dt,
                  D, 1, 8, 256, 3000);
-        c.Hk = 2, c.window = 1, c.wl = 1000, c.wr = 0;
+        c.Hk = 2, c.window = 1, c.wl = 1000, c.wr = 0, c.split = 1;
         run_case(&c);
         c = base(nm("%s D=%d %s", "prefill split varlen 200,0,300 / 2500,100,3100 causal", D, dt),
                  dt, D, 1, 2, 0, 0);
-        c.nseq = 3, c.causal = 1, c.qtail = 5;
+        c.nseq = 3, c.causal = 1, c.qtail = 5, c.split = 1;
         int lq3[3] = {200, 0, 300}, lk3[3] = {2500, 100, 3100};
         seq_lens(&c, lq3, lk3);
         run_case(&c);

@@ -271,6 +271,13 @@ static int64_t kv_capacity(const fa_params *p, const fa_tensor *k) {
   return p->block_table ? p->max_pages_per_seq * k->seqlen : k->seqlen;
 }
 
+/* Key blocks in a row of the block mask: ceil(capacity / block_size_k), with
+ * no overflow for block sizes up to INT64_MAX */
+static int64_t mask_key_blocks(const fa_params *p, const fa_tensor *k) {
+  const int64_t n = kv_capacity(p, k);
+  return n / p->block_size_k + (n % p->block_size_k > 0);
+}
+
 /* Whether the KV-cache call rotates query row i to position cache_seqlens + i
  * (a causal mask or a window with a bound), else every row to cache_seqlens. */
 static int kv_rotary_all_rows(const fa_params *p) {
@@ -325,7 +332,7 @@ static fa_status check_params(const fa_params *p, const fa_tensor *q, const fa_t
     if (p->block_mask_stride_batch < 0 || p->block_mask_stride_head < 0 ||
         p->block_mask_stride_row < 0)
       return FA_INVALID("params.block_mask strides must be >= 0");
-    int64_t nbk = (kv_capacity(p, k) + p->block_size_k - 1) / p->block_size_k;
+    int64_t nbk = mask_key_blocks(p, k);
     if (p->block_mask_stride_row != 0 && p->block_mask_stride_row < nbk)
       return FA_INVALID(
           "params.block_mask_stride_row %lld is less than the %lld key blocks of a row",
@@ -615,9 +622,8 @@ static fa_status make_problem(fa_pass pass, const fa_params *p, const fa_tensor 
   fa_dropout_at(&pb->dropout, pb->q_pos, pb->k_pos);
   FA_TRY(check_block_table(pb));
   if (p->block_mask)
-    pb->block_mask_stride_row = p->block_mask_stride_row
-                                    ? p->block_mask_stride_row
-                                    : (kv_capacity(p, k) + p->block_size_k - 1) / p->block_size_k;
+    pb->block_mask_stride_row =
+        p->block_mask_stride_row ? p->block_mask_stride_row : mask_key_blocks(p, k);
   int nt = p->num_threads > 0 ? p->num_threads : omp_get_num_procs();
   pb->num_threads = nt > 0 ? nt : 1;
 

@@ -505,6 +505,41 @@ static void t_block_row_stride_default(const void *arg) {
   }
 }
 
+/* Block sizes as large as int64 allows: one block per row and column of the
+ * mask, the same result as blocks of exactly the sequences' lengths (the
+ * library's ceil divisions must not overflow: UBSan checks them in CI). */
+static void t_block_size_huge(const void *arg) {
+  (void)arg;
+  const int H = 2, D = 8, nq = 5, nk = 7;
+  uint64_t rs = 12;
+  double x[(5 + 7 + 7) * 2 * 8];
+  for (size_t e = 0; e < sizeof x / sizeof x[0]; e++) x[e] = 2 * urand(&rs) - 1;
+  static const uint8_t bm[1] = {1};
+  for (int a = 0; a < EXT_NALGOS; a++) {
+    const fa_dtype dt = ext_algos[a] == FA_ALGO_STANDARD ? FA_DTYPE_F64 : FA_DTYPE_F32;
+    void *q = to_dtype(x, (size_t)(nq * H * D), dt),
+         *k = to_dtype(x + nq * H * D, (size_t)(nk * H * D), dt);
+    void *v = to_dtype(x + (nq + nk) * H * D, (size_t)(nk * H * D), dt);
+    void *o[2] = {to_dtype(x, (size_t)(nq * H * D), dt), to_dtype(x, (size_t)(nq * H * D), dt)};
+    fa_tensor tq = fa_tensor_bnhd(q, dt, 1, nq, H, D), tk = fa_tensor_bnhd(k, dt, 1, nk, H, D);
+    fa_tensor tv = fa_tensor_bnhd(v, dt, 1, nk, H, D);
+    fa_params p = {0};
+    p.algorithm = ext_algos[a];
+    p.block_mask = bm;
+    for (int r = 0; r < 2; r++) {
+      p.block_size_q = r ? nq : INT64_MAX, p.block_size_k = r ? nk : INT64_MAX;
+      fa_tensor to = fa_tensor_bnhd(o[r], dt, 1, nq, H, D);
+      if (fa_forward(&p, &tq, &tk, &tv, &to, NULL) != FA_OK)
+        tr_fail("%s, block sizes %s: %s", tu_algo_name(p.algorithm), r ? "nq, nk" : "INT64_MAX",
+                fa_last_error());
+    }
+    if (memcmp(o[0], o[1], (size_t)(nq * H * D) * tu_esize(dt)))
+      tr_fail("%s: blocks of INT64_MAX differ from blocks of the sequences' lengths",
+              tu_algo_name(p.algorithm));
+    free(q), free(k), free(v), free(o[0]), free(o[1]);
+  }
+}
+
 static void t_indices(const void *arg) {
   (void)arg;
   const int32_t counts[3] = {2, 0, 3}, idx[3 * 4] = {3, 1, 9, 9, 9, 9, 9, 9, 0, 2, 4, 9};
@@ -670,6 +705,7 @@ void register_extension_tests(void) {
   tr_add("extensions/block-mask-is-causal", t_block_is_causal, NULL, 0, 0);
   tr_add("extensions/block-mask-indices", t_indices, NULL, 0, 0);
   tr_add("extensions/block-mask-row-stride-default", t_block_row_stride_default, NULL, 0, 0);
+  tr_add("extensions/block-size-huge", t_block_size_huge, NULL, 0, 0);
   tr_add("extensions/validation", t_ext_validation, NULL, 0, 0);
   tr_add("extensions/probs-validation", t_probs_validation, NULL, 0, 0);
   const fa_dtype dts[3] = {FA_DTYPE_F64, FA_DTYPE_F32, FA_DTYPE_BF16};

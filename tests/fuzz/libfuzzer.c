@@ -362,8 +362,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (p->block_size_q >= 1 && p->block_size_k >= 1 && span[FZ_Q] > 0 && span[FZ_K] > 0 &&
         p->block_mask_stride_batch >= 0 && p->block_mask_stride_head >= 0 &&
         p->block_mask_stride_row >= 0 && nseqs >= 1) {
-      const int64_t nbk = (k->seqlen + p->block_size_k - 1) / p->block_size_k;
-      const int64_t nbq = (q->seqlen + p->block_size_q - 1) / p->block_size_q;
+      /* ceil divisions that cannot overflow (block sizes up to INT64_MAX) */
+      const int64_t nbk = k->seqlen / p->block_size_k + (k->seqlen % p->block_size_k > 0);
+      const int64_t nbq = q->seqlen / p->block_size_q + (q->seqlen % p->block_size_q > 0);
       const int64_t row = p->block_mask_stride_row ? p->block_mask_stride_row : nbk;
       const double far = (double)(nseqs - 1) * (double)p->block_mask_stride_batch +
                          (double)(q->heads - 1) * (double)p->block_mask_stride_head +

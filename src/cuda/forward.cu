@@ -77,7 +77,7 @@ static int fwd_pack(const fa_problem *pb) {
 
 /* Key splits where the blocks of query rows are fewer than an H100 has SMs
  * (decode steps; prefill chunks against a long cache, whose 64 blocks took
- * 108 us at batch 1, 32 query heads, 256 rows and 8k keys, 73 us split in two
+ * 107 us at batch 1, 32 query heads, 256 rows and 8k keys, 70 us split in two
  * on an H100), at least FA_SPLIT_KEYS keys (one Hopper key tile) each where a
  * block holds every query row of its head, FA_SPLIT_PREFILL_KEYS where it
  * does not, at most 32:

@@ -822,7 +822,7 @@ __device__ __forceinline__ void load_cols(float (&x)[C], const float *src, bool 
  * and the partials of 8 splits are loaded before any is summed: a decode
  * step's combine is then a few round trips to L2, not two per split. The
  * row's place in O is found before the wait for the partials, in 32-bit
- * arithmetic: a prefill chunk's thousands of rows spent ~4 us on 64-bit
+ * arithmetic: a prefill chunk's thousands of rows spent ~3 us on 64-bit
  * divisions (H100, 8192 rows). */
 template <typename T, int D>
 __global__ void __launch_bounds__(256) fwd_combine_kernel(const FwdArgs p) {

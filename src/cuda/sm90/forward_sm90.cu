@@ -195,8 +195,6 @@ struct FwdCtx {
   using L = FwdSmem<D, NWG>;
   static constexpr int BR = S::BR, BC = S::BC, ST = S::ST, NC = S::NWG * 128; /* consumer threads */
   static constexpr int QST = L::QST;
-  const FwdParams &P;
-  const FwdArgs &p;
   const int &pack, &rq;
   uint32_t sQ, bars;
   /* The producer takes the blocks (schedule.cuh) and hands each one's index
@@ -701,8 +699,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t sQ = (smem_addr(smem_raw) + 1023) & ~1023u;
   const uint32_t bars = sQ + L::BARS;
-  const FwdCtx<D, NWG, DECODE, PAGED> c{
-      P, p, pack, rq, sQ, bars, smem_at<volatile int>(sQ + L::SLOTS)};
+  const FwdCtx<D, NWG, DECODE, PAGED> c{pack, rq, sQ, bars, smem_at<volatile int>(sQ + L::SLOTS)};
 
   const int tid = threadIdx.x;
   /* a split's combine kernel (launched as a programmatic dependent) may take

@@ -137,6 +137,16 @@ class Case:
         return run
 
 
+def round_robin(fns):
+    """A function calling fns[0], fns[1], ... in turn, one a call."""
+    i = [0]
+
+    def run():
+        fns[i[0] % len(fns)]()
+        i[0] += 1
+    return run
+
+
 class Cases:
     """Copies of one shape (--cold): each call of a captured graph reads the next
     copy's cache, so that the copies together outgrow the GPU's L2 and a cache
@@ -150,12 +160,7 @@ class Cases:
         return getattr(self.all[0], name)
 
     def call(self, page, append, rotary):
-        runs, i = [c.call(page, append, rotary) for c in self.all], [0]
-
-        def run():
-            runs[i[0] % len(runs)]()
-            i[0] += 1
-        return run
+        return round_robin([c.call(page, append, rotary) for c in self.all])
 
 
 def main():
@@ -205,16 +210,16 @@ def main():
                     print("  %s: %s" % (name, ex), file=sys.stderr)
             # peers on the contiguous cache (B, H, N, D); SDPA's causal is top-left
             # aligned, so a prefill chunk's peers run without a mask
-            args = [[x.transpose(1, 2) for x in (cc.q, cc.k, cc.v)] for cc in c.all]
             for name, be in BACKENDS[:2]:
                 try:
-                    i = [0]
+                    def sdpa(cc):
+                        qs, ks, vs = (x.transpose(1, 2) for x in (cc.q, cc.k, cc.v))
 
-                    def fn():
-                        qs, ks, vs = args[i[0] % len(args)]
-                        i[0] += 1
-                        with sdpa_kernel([be]):
-                            return F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)
+                        def one():
+                            with sdpa_kernel([be]):
+                                F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)
+                        return one
+                    fn = round_robin([sdpa(cc) for cc in c.all])
                     fn()
                     r[name] = graph_us(fn, 20, a.reps)
                 except Exception:

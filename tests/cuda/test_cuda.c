@@ -113,6 +113,8 @@ typedef struct tcase {
   int sm_margin;          /* fa_params.sm_margin */
   int qtail;              /* varlen: rows of Q, O, dO, dQ past the last sequence (never written) */
   int split;              /* the library splits the keys (the workspace holds partials) */
+  int splits;             /* fa_params.num_splits (0: the library's choice) */
+  int shard, sq, sk;      /* fa_params.shard_enabled, shard_q_offset, shard_k_offset */
 } tcase;
 
 typedef struct tens {
@@ -504,6 +506,10 @@ static void run_case(const tcase *c) {
   p.window_right = c->wr;
   p.softcap = c->softcap;
   p.sm_margin = c->sm_margin;
+  p.num_splits = c->splits;
+  p.shard_enabled = c->shard;
+  p.shard_q_offset = c->sq;
+  p.shard_k_offset = c->sk;
   p.alibi_slopes = c->alibi ? slopes : NULL;
   p.alibi_stride_batch = c->Hq;
   if (varlen) {
@@ -992,6 +998,39 @@ static void full_suite(void) {
     }
     check_dropout_bits(dt, 2, 4, 2, 777, 0);
     check_dropout_bits(dt, 1, 3, 3, 300, 1);
+    /* walks no band cuts: the Hopper forward's wide key tiles (176 keys at
+     * D = 128, 112 at 192, 80 at 256) from 2048 keys, ragged last tiles,
+     * keys unsplit; D and D - 6 */
+    for (int i = 0; i < 6; i++) {
+      const int Dw = (i < 2 ? 128 : i < 4 ? 192 : 256) - 6 * (i & 1);
+      tcase c = base(nm("%s D=%d %s", "wide nq=300 nk=2500", Dw, dt), dt, Dw, 2, 2, 300, 2500);
+      c.splits = 1;
+      run_case(&c);
+      c = base(nm("%s D=%d %s", "wide GQA 6:2 nq=129 nk=2112 (12 x 176)", Dw, dt), dt, Dw, 1, 6,
+               129, 2112);
+      c.Hk = 2, c.splits = 1;
+      run_case(&c);
+      c = base(nm("%s D=%d %s", "wide varlen 100,0,257 / 2100,3000,2048", Dw, dt), dt, Dw, 1, 2, 0,
+               0);
+      c.nseq = 3, c.qtail = 3, c.splits = 1;
+      int wq[3] = {100, 0, 257}, wk[3] = {2100, 3000, 2048};
+      seq_lens(&c, wq, wk);
+      run_case(&c);
+      c = base(nm("%s D=%d %s", "wide kvcache B=2 nq=64 nk=3000 used 2300/3000", Dw, dt), dt, Dw, 2,
+               2, 64, 3000);
+      c.kv = 1, c.used[0] = 2300, c.used[1] = 3000, c.splits = 1;
+      run_case(&c);
+      /* a ring's shards: causal, keys wholly before the queries (no band
+       * in the block: wide tiles), and the diagonal block (narrow) */
+      c = base(nm("%s D=%d %s", "wide shard causal q at 2500, k at 0 nq=300 nk=2500", Dw, dt), dt,
+               Dw, 1, 4, 300, 2500);
+      c.causal = 1, c.shard = 1, c.sq = 2500, c.sk = 0, c.splits = 1;
+      run_case(&c);
+      c = base(nm("%s D=%d %s", "shard causal diagonal q, k at 2200 nq=300 nk=2500", Dw, dt), dt,
+               Dw, 1, 4, 300, 2500);
+      c.causal = 1, c.shard = 1, c.sq = 2200, c.sk = 2200, c.splits = 1;
+      run_case(&c);
+    }
     for (int i = 0; i < 3; i++) {
       int D = i == 0 ? 64 : i == 1 ? 128 : 256;
       tcase c = base(nm("%s D=%d %s", "window 50,10 1000", D, dt), dt, D, 1, 2, 1000, 1000);

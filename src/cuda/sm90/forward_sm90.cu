@@ -21,7 +21,8 @@
  * pipelining and pingpong).
  * The producer gives its registers to the consumers (setmaxnreg). Key tiles
  * run from the last to the first, so a causal block's masked tiles come first
- * and the rest carry no masking arithmetic.
+ * and the rest carry no masking arithmetic; walks that no band cuts take
+ * wider tiles (fwd_bc).
  *
  * Covers the plain score path (no softcap, ALiBi or dropout; block masks of
  * 128-multiple blocks, skipped a whole tile at a time) at padded head dims 64,
@@ -41,16 +42,29 @@
 namespace fa {
 namespace sm90 {
 
+/* Key tile rows: 64 at D = 192 and 256, so that Q and two stages of K and V
+ * fit (144 and 192 KB), else 128. Wide: the tiles of a walk that no band
+ * cuts (band_free; no block mask, a contiguous cache), as wide as shared
+ * memory holds with O unstaged: 176 at D = 128, 112 at 192, 80 at 256
+ * (FlashAttention-3's tiles). Fewer tiles, so less of each tile's fixed
+ * cost (its barriers, its row maxima, O's rescaling) per key. The scores of
+ * 176 keys fit the consumers' 232 registers because a wide walk carries no
+ * band arithmetic (fwd_mask) and makes Q's descriptors per tile (fwd_tiles). */
+constexpr int fwd_bc(int d, bool wide) {
+  return d > 192 ? (wide ? 80 : 64) : d > 128 ? (wide ? 112 : 64) : d > 64 && wide ? 176 : 128;
+}
+
 /* NWG consumer warpgroups of 64 query rows: 2 at D = 128, 3 at D = 64 where
  * sm90_forward chooses it (FlashAttention-3's D = 64 shape: the products are
- * half as long, and a third warpgroup keeps the tensor cores fed). */
-template <int D, int NWG_>
+ * half as long, and a third warpgroup keeps the tensor cores fed); key tiles
+ * of BC_ rows (fwd_bc). */
+template <int D, int NWG_, int BC_>
 struct FwdShape {
-  /* D = 192 and 256: key tiles of 64, so that Q and two stages of K and V
-   * fit (144 and 192 KB); at 256 O then goes from registers straight to
-   * global memory (no room for a staging tile) */
-  static constexpr int NWG = NWG_, BR = 64 * NWG, BC = D > 128 ? 64 : 128, ST = 2;
-  static constexpr bool STAGE_O = D <= 192;
+  static constexpr int NWG = NWG_, BR = 64 * NWG, BC = BC_, ST = 2;
+  /* O is staged through shared memory where a tile of it fits beside Q and
+   * two stages of K and V; else (D = 256, the wide tiles) it goes from
+   * registers straight to global memory */
+  static constexpr bool STAGE_O = 2 * BR * D * 2 + 2 * ST * BC * D * 2 + 2048 <= 227 * 1024;
   /* D = 128: a tile's softmax runs under the previous tile's O += P V, and
    * the two consumer warpgroups take turns issuing their products (named
    * barriers 2 and 3): +0-8% per cell at D = 128; at D = 64 the same
@@ -58,6 +72,8 @@ struct FwdShape {
    * (docs/PERF.md, "CUDA forward"). Warpgroup 1's last arrival is left
    * pending at exit (barrier state does not outlive the CTA). */
   static constexpr bool OVERLAP = D == 128;
+  /* the wide tiles (fwd_bc): their walks know no band */
+  static constexpr bool WIDE = BC != fwd_bc(D, false);
   /* the producer walks the schedule too: 24 registers spill */
   static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = NWG == 2 ? 232 : 152;
   static_assert(regs_split_fits(NWG + 1, PRODUCER_REGS, CONSUMER_REGS), "registers fit");
@@ -71,9 +87,9 @@ struct FwdParams {
   int kv_rows;            /* a KV cache's map: rows from one sequence to the next */
 };
 
-template <int D, int NWG>
+template <int D, int NWG, int KB>
 struct FwdSmem {
-  using S = FwdShape<D, NWG>;
+  using S = FwdShape<D, NWG, KB>;
   static constexpr uint32_t QBYTES = S::BR * D * 2, TBYTES = S::BC * D * 2;
   /* O is staged (swizzled rows of D, stage_o_at) apart from Q */
   static constexpr uint32_t OBYTES = S::STAGE_O ? S::BR * D * 2 : 0;
@@ -148,9 +164,9 @@ struct FwdBlock {
  * one, built once the grid's preparation is done; it refers to pack and rq,
  * which the kernel keeps (references, not copies: the machine code depends
  * on where these values are read). */
-template <int D, int NWG, bool DECODE, bool PAGED>
+template <int D, int NWG, int KB, bool DECODE, bool PAGED>
 struct FwdSetup {
-  static constexpr int BC = FwdShape<D, NWG>::BC;
+  static constexpr int BC = FwdShape<D, NWG, KB>::BC;
   const FwdParams &P;
   const FwdArgs &p;
   const int &pack, &rq;
@@ -189,10 +205,10 @@ struct FwdSetup {
 /* What the producer and the consumers share: the shared memory (Q's ring at
  * sQ, then K's and V's, O's staging tile, the barriers at bars) and the
  * barriers' addresses. */
-template <int D, int NWG, bool DECODE, bool PAGED>
+template <int D, int NWG, int KB, bool DECODE, bool PAGED>
 struct FwdCtx {
-  using S = FwdShape<D, NWG>;
-  using L = FwdSmem<D, NWG>;
+  using S = FwdShape<D, NWG, KB>;
+  using L = FwdSmem<D, NWG, KB>;
   static constexpr int BR = S::BR, BC = S::BC, ST = S::ST, NC = S::NWG * 128; /* consumer threads */
   static constexpr int QST = L::QST;
   const int &pack, &rq;
@@ -219,13 +235,13 @@ struct FwdCtx {
 /* A paged cache's key tile n (K/V head hk) into stage st, whose ring phase
  * is ph: lane l of producer warp w (of NW) issues box l * NW + w, a
  * page-aligned run of the tile's keys */
-template <int NW, int D, int NWG, bool DECODE, bool PAGED>
+template <int NW, int D, int NWG, int KB, bool DECODE, bool PAGED>
 __device__ __forceinline__ void fwd_load_boxes(const FwdParams &P,
-                                               const FwdCtx<D, NWG, DECODE, PAGED> &c,
+                                               const FwdCtx<D, NWG, KB, DECODE, PAGED> &c,
                                                const FwdBlock &k, int n, int st, int ph, int hk,
                                                int warp, int lane) {
-  using L = typename FwdCtx<D, NWG, DECODE, PAGED>::L;
-  constexpr int BC = FwdCtx<D, NWG, DECODE, PAGED>::BC;
+  using L = typename FwdCtx<D, NWG, KB, DECODE, PAGED>::L;
+  constexpr int BC = FwdCtx<D, NWG, KB, DECODE, PAGED>::BC;
   const FwdArgs &p = P.a;
   const int bx = lane * NW + warp, key = n * BC + bx * P.box; /* its box */
   const int live = BC / P.box > bx && key < k.sv.nk;
@@ -265,11 +281,12 @@ __device__ __forceinline__ void fwd_load_boxes(const FwdParams &P,
       tma_load_4d(dv + cc * BC * 128, &P.tv, c.v_full(st), cc * 64, row, hk, pg);
 }
 
-template <int PW, int D, int NWG, bool DECODE, bool PAGED>
+template <int PW, int D, int NWG, int KB, bool DECODE, bool PAGED>
 __device__ __forceinline__ void fwd_producer(const FwdParams &P,
-                                             const FwdCtx<D, NWG, DECODE, PAGED> &c,
-                                             const FwdSetup<D, NWG, DECODE, PAGED> &su, int tid) {
-  using C = FwdCtx<D, NWG, DECODE, PAGED>;
+                                             const FwdCtx<D, NWG, KB, DECODE, PAGED> &c,
+                                             const FwdSetup<D, NWG, KB, DECODE, PAGED> &su,
+                                             int tid) {
+  using C = FwdCtx<D, NWG, KB, DECODE, PAGED>;
   using S = typename C::S;
   using L = typename C::L;
   constexpr int BR = C::BR, BC = C::BC, ST = C::ST, QST = C::QST;
@@ -349,9 +366,9 @@ __device__ __forceinline__ void fwd_producer(const FwdParams &P,
 /* The decode/split epilogue, and D = 256's (no staging tile): O and lse
  * from this thread's accumulator rows (rows wrow + g and + 8, columns 2 t
  * and 2 t + 1 of each 8). */
-template <typename T, int D, int NWG, bool DECODE, bool PAGED>
+template <typename T, int D, int NWG, int KB, bool DECODE, bool PAGED>
 __device__ __forceinline__ void fwd_store_rows(const FwdParams &P,
-                                               const FwdCtx<D, NWG, DECODE, PAGED> &c,
+                                               const FwdCtx<D, NWG, KB, DECODE, PAGED> &c,
                                                const FwdBlock &k, const float (&o)[D / 8][4],
                                                const float (&m_run)[2], const float (&l_run)[2],
                                                int wrow, int g, int t) {
@@ -392,13 +409,13 @@ __device__ __forceinline__ void fwd_store_rows(const FwdParams &P,
 }
 
 /* The other epilogue (D <= 192, no split): O through its staging tile. */
-template <typename T, int D, int NWG, bool DECODE, bool PAGED>
+template <typename T, int D, int NWG, int KB, bool DECODE, bool PAGED>
 __device__ __forceinline__ void fwd_store_staged(const FwdParams &P,
-                                                 const FwdCtx<D, NWG, DECODE, PAGED> &c,
+                                                 const FwdCtx<D, NWG, KB, DECODE, PAGED> &c,
                                                  const FwdBlock &k, const float (&o)[D / 8][4],
                                                  const float (&m_run)[2], const float (&l_run)[2],
                                                  int ctid, int wrow, int g, int t) {
-  using C = FwdCtx<D, NWG, DECODE, PAGED>;
+  using C = FwdCtx<D, NWG, KB, DECODE, PAGED>;
   using S = typename C::S;
   using L = typename C::L;
   constexpr int BR = C::BR, NC = C::NC;
@@ -451,10 +468,10 @@ struct FwdThread {
  * wait for it (named barrier 6), at the tile's start, where the fewest
  * registers are live (D = 256 spilled at P V). Maps of contiguous caches
  * end at the keys, and TMA fills with zeros. */
-template <int D, int NWG, bool DECODE, bool PAGED>
-__device__ __forceinline__ void fwd_v_tail(const FwdCtx<D, NWG, DECODE, PAGED> &c, int st, int i,
-                                           int keys, int wg, int ctid) {
-  using C = FwdCtx<D, NWG, DECODE, PAGED>;
+template <int D, int NWG, int KB, bool DECODE, bool PAGED>
+__device__ __forceinline__ void fwd_v_tail(const FwdCtx<D, NWG, KB, DECODE, PAGED> &c, int st,
+                                           int i, int keys, int wg, int ctid) {
+  using C = FwdCtx<D, NWG, KB, DECODE, PAGED>;
   using L = typename C::L;
   constexpr int BC = C::BC, ST = C::ST, NC = C::NC;
   if (wg > 0) return named_sync(6, NC);
@@ -491,37 +508,45 @@ __device__ __forceinline__ void fwd_pv(float (&o)[D / 8][4], const uint32_t (&pa
 }
 
 /* Tile n's scores s outside each row's visible keys -> -inf */
-template <int D, int NWG, bool DECODE, bool PAGED>
-__device__ __forceinline__ void fwd_mask(float (&s)[FwdCtx<D, NWG, DECODE, PAGED>::BC / 8][4],
-                                         const FwdCtx<D, NWG, DECODE, PAGED> &c, const FwdBlock &k,
-                                         int n, int wrow, int g, int t) {
-  constexpr int BC = FwdCtx<D, NWG, DECODE, PAGED>::BC;
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    int64_t lo, hi;
-    const int lr = wrow + g + 8 * rr;
-    fa_mask_row_range(&k.mk, k.r0 + (DECODE ? lr & (c.rq - 1) : lr), &lo, &hi);
+template <int D, int NWG, int KB, bool DECODE, bool PAGED>
+__device__ __forceinline__ void fwd_mask(float (&s)[FwdCtx<D, NWG, KB, DECODE, PAGED>::BC / 8][4],
+                                         const FwdCtx<D, NWG, KB, DECODE, PAGED> &c,
+                                         const FwdBlock &k, int n, int wrow, int g, int t) {
+  constexpr int BC = FwdCtx<D, NWG, KB, DECODE, PAGED>::BC;
+  if constexpr (FwdShape<D, NWG, KB>::WIDE) { /* no band: the columns past the keys */
 #pragma unroll
     for (int jj = 0; jj < BC / 8; ++jj)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = n * BC + jj * 8 + 2 * t + e;
-        if (col < lo || col >= hi) s[jj][2 * rr + e] = -INFINITY;
-      }
+      for (int e = 0; e < 4; ++e)
+        if (n * BC + jj * 8 + 2 * t + (e & 1) >= k.sv.nk) s[jj][e] = -INFINITY;
+  } else {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      int64_t lo, hi;
+      const int lr = wrow + g + 8 * rr;
+      fa_mask_row_range(&k.mk, k.r0 + (DECODE ? lr & (c.rq - 1) : lr), &lo, &hi);
+#pragma unroll
+      for (int jj = 0; jj < BC / 8; ++jj)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = n * BC + jj * 8 + 2 * t + e;
+          if (col < lo || col >= hi) s[jj][2 * rr + e] = -INFINITY;
+        }
+    }
   }
 }
 
 /* A consumer warpgroup's walk over block k's live key tiles: O, m and l
  * of its rows (accumulators o, m_run and l_run; Q's rows at q_base); i is
  * the K/V ring's position, carried from block to block. */
-template <typename T, int D, int NWG, bool DECODE, bool PAGED>
+template <typename T, int D, int NWG, int KB, bool DECODE, bool PAGED>
 __device__ __forceinline__ void fwd_tiles(const FwdParams &P,
-                                          const FwdCtx<D, NWG, DECODE, PAGED> &c,
-                                          const FwdSetup<D, NWG, DECODE, PAGED> &su,
-                                          const FwdBlock &k, uint32_t q_base, int &i,
+                                          const FwdCtx<D, NWG, KB, DECODE, PAGED> &c,
+                                          const FwdSetup<D, NWG, KB, DECODE, PAGED> &su,
+                                          const FwdBlock &k, uint32_t q_base_, int &i,
                                           float (&o)[D / 8][4], float (&m_run)[2],
                                           float (&l_run)[2], const FwdThread &th) {
-  using C = FwdCtx<D, NWG, DECODE, PAGED>;
+  using C = FwdCtx<D, NWG, KB, DECODE, PAGED>;
   using S = typename C::S;
   using L = typename C::L;
   constexpr int BR = C::BR, BC = C::BC, ST = C::ST, NC = C::NC;
@@ -556,6 +581,11 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams &P,
   /* issue S = Q K^T of stage st */
   auto qk = [&](float(&s)[BC / 8][4], int st) {
     const uint32_t k_base = c.sQ + L::K0 + st * L::TBYTES;
+    /* wide tiles: Q's descriptors made per tile, not hoisted out of the
+     * kernel (a single Q stage makes them constant), where they would hold
+     * 16 registers the tile's scores need */
+    uint32_t q_base = q_base_;
+    if constexpr (S::WIDE) opaque(q_base);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
       wgmma_ss<T, BC>(s, sw128_kmajor<BR>(q_base, kk), sw128_kmajor<BC>(k_base, kk), kk > 0);
@@ -602,11 +632,13 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams &P,
    * or a spin wait. */
   for_each_live(k.kt.n_end - k.kt.n_begin, su.tile_skip(k), [&](int kk) {
     const int n = k.kt.n_end - 1 - kk, st = i % ST;
-    const bool masked = k.kt.masked(n * BC, BC, k.sv.nk);
+    /* wide tiles: no band, so only the last tile's columns past the keys */
+    const bool masked = S::WIDE ? n * BC + BC > k.sv.nk : k.kt.masked(n * BC, BC, k.sv.nk);
     mbar_wait(c.k_full(st), (i / ST) & 1);
     if (PAGED && k.sv.nk - n * BC < BC) fwd_v_tail(c, st, i, k.sv.nk - n * BC, wg, ctid);
     float s[BC / 8][4], alpha[2];
-    if (S::OVERLAP && pend >= 0 && !masked) { /* no branch while P V runs */
+    /* (wide tiles: only a block's first tile is masked) */
+    if (S::OVERLAP && pend >= 0 && (S::WIDE || !masked)) { /* no branch while P V runs */
       issue_both(s, st);
       wg_wait<1>();
       soft(s, alpha, n, st, false);
@@ -639,11 +671,12 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams &P,
 
 /* The consumer warpgroups: block after block, Q's stage from the producer,
  * the key tiles' online softmax, then the epilogue. */
-template <typename T, int D, int NWG, bool DECODE, bool PAGED>
+template <typename T, int D, int NWG, int KB, bool DECODE, bool PAGED>
 __device__ __forceinline__ void fwd_consumer(const FwdParams &P,
-                                             const FwdCtx<D, NWG, DECODE, PAGED> &c,
-                                             const FwdSetup<D, NWG, DECODE, PAGED> &su, int tid) {
-  using C = FwdCtx<D, NWG, DECODE, PAGED>;
+                                             const FwdCtx<D, NWG, KB, DECODE, PAGED> &c,
+                                             const FwdSetup<D, NWG, KB, DECODE, PAGED> &su,
+                                             int tid) {
+  using C = FwdCtx<D, NWG, KB, DECODE, PAGED>;
   using S = typename C::S;
   using L = typename C::L;
   constexpr int NC = C::NC, QST = C::QST;
@@ -686,12 +719,12 @@ __device__ __forceinline__ void fwd_consumer(const FwdParams &P,
  * room for the row arithmetic: they spill). PAGED: K and V from a paged
  * cache's pools (FwdArgs::block_table), a TMA box per page-aligned run of a
  * tile's keys, issued by PW producer warps (fwd_launch). */
-template <typename T, int D, int NWG, bool DECODE, bool PAGED, int PW>
+template <typename T, int D, int NWG, int KB, bool DECODE, bool PAGED, int PW>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     fwd_kernel(const __grid_constant__ FwdParams P) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = FwdShape<D, NWG>;
-  using L = FwdSmem<D, NWG>;
+  using S = FwdShape<D, NWG, KB>;
+  using L = FwdSmem<D, NWG, KB>;
   constexpr int BR = S::BR, ST = S::ST, NC = S::NWG * 128; /* consumer threads */
   constexpr int QST = L::QST;
   const FwdArgs &p = P.a;
@@ -699,7 +732,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t sQ = (smem_addr(smem_raw) + 1023) & ~1023u;
   const uint32_t bars = sQ + L::BARS;
-  const FwdCtx<D, NWG, DECODE, PAGED> c{pack, rq, sQ, bars, smem_at<volatile int>(sQ + L::SLOTS)};
+  const FwdCtx<D, NWG, KB, DECODE, PAGED> c{pack, rq, sQ, bars,
+                                            smem_at<volatile int>(sQ + L::SLOTS)};
 
   const int tid = threadIdx.x;
   /* a split's combine kernel (launched as a programmatic dependent) may take
@@ -726,7 +760,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
    * (rotated q, appended rows) must be done */
   if (p.pdl) pdl_wait();
 
-  const FwdSetup<D, NWG, DECODE, PAGED> su{P, p, pack, rq};
+  const FwdSetup<D, NWG, KB, DECODE, PAGED> su{P, p, pack, rq};
   if (tid < 128) { /* ---- producer warpgroup ---- */
     fwd_producer<PW>(P, c, su, tid);
     return;
@@ -736,10 +770,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 #endif
 }
 
-template <typename T, int D, int NWG, bool DECODE, bool PAGED, int PW>
+template <typename T, int D, int NWG, int KB, bool DECODE, bool PAGED, int PW>
 fa_status fwd_launch_as(const FwdArgs &a, cudaStream_t stream) {
-  using S = FwdShape<D, NWG>;
-  constexpr size_t smem = FwdSmem<D, NWG>::BYTES;
+  using S = FwdShape<D, NWG, KB>;
+  constexpr size_t smem = FwdSmem<D, NWG, KB>::BYTES;
   static_assert(smem <= 227 * 1024, "fits Hopper's shared memory");
   constexpr bool BF = std::is_same<T, __nv_bfloat16>::value;
   FwdParams prm;
@@ -774,7 +808,7 @@ fa_status fwd_launch_as(const FwdArgs &a, cudaStream_t stream) {
                           a.v_sb, pk, cache, S::BC)) != FA_OK)
       return st;
   }
-  auto kernel = fwd_kernel<T, D, NWG, DECODE, PAGED, PW>;
+  auto kernel = fwd_kernel<T, D, NWG, KB, DECODE, PAGED, PW>;
   static bool attr_done = false;
   if ((st = smem_limit_once(kernel, smem, attr_done)) != FA_OK) return st;
   prm.sched.nblk = (a.max_seqlen_q + rq - 1) / rq;
@@ -814,16 +848,17 @@ fa_status fwd_launch_as(const FwdArgs &a, cudaStream_t stream) {
  * spill with four. */
 template <typename T, int D, int NWG, bool DECODE = false>
 fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
-  if (!a.block_table) return fwd_launch_as<T, D, NWG, DECODE, false, 1>(a, stream);
-  constexpr int BC = FwdShape<D, NWG>::BC;
+  constexpr int KB = fwd_bc(D, false);
+  if (!a.block_table) return fwd_launch_as<T, D, NWG, KB, DECODE, false, 1>(a, stream);
+  constexpr int BC = FwdShape<D, NWG, KB>::BC;
   bool four = BC / std::gcd(a.page, BC) >= 4;
   if constexpr (DECODE) {
     const int64_t tiles = (a.max_seqlen_k + BC - 1) / BC;
     four = four && D > 64 && (tiles + a.nsplit - 1) / a.nsplit >= 2;
   }
   if constexpr (!DECODE || D > 64)
-    if (four) return fwd_launch_as<T, D, NWG, DECODE, true, 4>(a, stream);
-  return fwd_launch_as<T, D, NWG, DECODE, true, 1>(a, stream);
+    if (four) return fwd_launch_as<T, D, NWG, KB, DECODE, true, 4>(a, stream);
+  return fwd_launch_as<T, D, NWG, KB, DECODE, true, 1>(a, stream);
 }
 
 }  // namespace sm90
@@ -875,6 +910,22 @@ bool sm90_strict() {
   return env && strcmp(env, "strict") == 0;
 }
 
+/* Whether every query row sees every key: no causal or window band, or one
+ * that cuts no tile (a ring's shard of keys wholly before its queries) */
+static bool band_free(const FwdArgs &a) {
+  if (!a.causal && !a.window_enabled) return true;
+  if (a.cu_q || a.used_k || a.nq < 1) return false; /* a band per sequence */
+  const fa_mask m = attn_mask(a, a.nq, a.nk);
+  int64_t lo0, hi0, lo1, hi1;
+  fa_mask_row_range(&m, 0, &lo0, &hi0);
+  fa_mask_row_range(&m, a.nq - 1, &lo1, &hi1);
+  return lo0 == 0 && hi0 == a.nk && lo1 == 0 && hi1 == a.nk;
+}
+/* Keys from which a walk that no band cuts takes the wide tiles: at 1024 the
+ * 176-key tiles were level with 128 (H100, D = 128: 0.995), from 2048 ahead
+ * (docs/PERF.md) */
+constexpr int64_t kWideMinKeys = 2048;
+
 template <typename T>
 fa_status sm90_forward(const FwdArgs &a, cudaStream_t s) {
   /* decode shapes: keys split (FwdArgs::nsplit), GQA heads packed
@@ -884,9 +935,19 @@ fa_status sm90_forward(const FwdArgs &a, cudaStream_t s) {
            : a.d > 128 ? sm90::fwd_launch<T, 192, 2, true>(a, s)
            : a.d > 64  ? sm90::fwd_launch<T, 128, 2, true>(a, s)
                        : sm90::fwd_launch<T, 64, 2, true>(a, s);
-  if (a.d > 192) return sm90::fwd_launch<T, 256, 2>(a, s);
-  if (a.d > 128) return sm90::fwd_launch<T, 192, 2>(a, s);
-  if (a.d > 64) return sm90::fwd_launch<T, 128, 2>(a, s);
+  /* wide key tiles (fwd_bc) where every tile but the last is wholly
+   * visible and there are enough of them */
+  const int64_t keys = a.cu_q ? a.max_seqlen_k : a.nk;
+  const bool wide = band_free(a) && !a.bmask && !a.block_table && keys >= kWideMinKeys;
+  if (a.d > 192)
+    return wide ? sm90::fwd_launch_as<T, 256, 2, sm90::fwd_bc(256, true), false, false, 1>(a, s)
+                : sm90::fwd_launch<T, 256, 2>(a, s);
+  if (a.d > 128)
+    return wide ? sm90::fwd_launch_as<T, 192, 2, sm90::fwd_bc(192, true), false, false, 1>(a, s)
+                : sm90::fwd_launch<T, 192, 2>(a, s);
+  if (a.d > 64)
+    return wide ? sm90::fwd_launch_as<T, 128, 2, sm90::fwd_bc(128, true), false, false, 1>(a, s)
+                : sm90::fwd_launch<T, 128, 2>(a, s);
   /* D = 64: 192-row blocks (three warpgroups) gain 4-19% per cell, except
    * under block masks (their 128-row blocks would be straddled) and where a
    * causal or window band leaves the rows under 4096 keys: a 192-row block's
@@ -894,10 +955,9 @@ fa_status sm90_forward(const FwdArgs &a, cudaStream_t s) {
    * warpgroups, then cost more than the third warpgroup gains (causal
    * N = 512-2048: 3-18% slower; docs/PERF.md "CUDA forward"). Skipping those
    * tiles per warpgroup, a branch in the tile loop, cost 10% everywhere. */
-  const int64_t keys = a.cu_q ? a.max_seqlen_q : a.nk;
-  int64_t band = keys;
+  int64_t band = a.cu_q ? a.max_seqlen_q : a.nk;
   if (a.window_enabled && a.window_left >= 0 && a.window_right >= 0)
-    band = std::min(keys, a.window_left + a.window_right + 1);
+    band = std::min(band, a.window_left + a.window_right + 1);
   const bool three = !a.bmask && (!(a.causal || a.window_enabled) || band >= 4096);
   return three ? sm90::fwd_launch<T, 64, 3>(a, s) : sm90::fwd_launch<T, 64, 2>(a, s);
 }

@@ -111,6 +111,7 @@ if step "release build (CUDA backend: $cuda)" \
            cmake --build build -j$jobs"; then
   stage "test suite (release)" ./build/bin/test_flashattn
   stage "deterministic dQ order" ./build/bin/test_dq_order
+  stage "CPU kernel tables alike" ./build/bin/test_kern_tables
   stage "test suite (AVX2 kernels)" env FLASHATTN_CPU_ISA=avx2 ./build/bin/test_flashattn --quick
   stage "test suite (portable kernels)" env FLASHATTN_CPU_ISA=portable ./build/bin/test_flashattn --quick
   [ "$cuda" = ON ] && stage "CUDA tests (vs the CPU oracle)" ./build/bin/test_cuda

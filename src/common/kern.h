@@ -2,10 +2,11 @@
  * register-blocked matrix product, online softmax, exp, and tile loaders that
  * convert f16/bf16 on the way. One body (kern_body.h) over an 8-wide vector
  * abstraction is compiled three times: with AVX2/FMA/F16C intrinsics
- * (kern_x86.h) as such (kern_avx2.c) and with AVX-512F/VL encodings
- * (kern_avx512vl.c), x86-64 only, and in portable C (kern_portable.c);
- * fa_kern_get() picks one at run time. FLASHATTN_CPU_ISA=portable|avx2 (read
- * once) forces a lower one. */
+ * (kern_x86.h) as such (kern_avx2.c), with AVX-512F/VL encodings
+ * (kern_avx512vl.c) and with the matrix product on 512-bit vectors as well
+ * (kern_avx512.c), x86-64 only, and in portable C (kern_portable.c);
+ * fa_kern_get() picks one at run time. FLASHATTN_CPU_ISA=portable|avx2|
+ * avx512vl|avx512 (read once) forces one the CPU has. */
 #ifndef FA_COMMON_KERN_H
 #define FA_COMMON_KERN_H
 
@@ -44,7 +45,7 @@ typedef struct fa_gemm {
 } fa_gemm;
 
 typedef struct fa_kern {
-  const char *isa; /* "avx2" or "portable" */
+  const char *isa; /* "avx512", "avx512vl", "avx2" or "portable" */
 
   void (*gemm)(const fa_gemm *g);
 
@@ -146,6 +147,6 @@ typedef struct fa_kern {
 const fa_kern *fa_kern_get(void);
 
 /* The tables; .gemm is NULL in an x86 one where it was not compiled in. */
-extern const fa_kern fa_kern_avx512vl, fa_kern_avx2, fa_kern_portable;
+extern const fa_kern fa_kern_avx512, fa_kern_avx512vl, fa_kern_avx2, fa_kern_portable;
 
 #endif

@@ -128,6 +128,7 @@ KB_UKR(5, 1)
 KB_UKR(6, 1)
 KB_UKR(7, 1)
 KB_UKR(8, 1)
+#ifndef KB_WIDE
 KB_UKR(1, 2)
 KB_UKR(2, 2)
 KB_UKR(3, 2)
@@ -138,8 +139,78 @@ KB_UKR(1, 3)
 KB_UKR(2, 3)
 KB_UKR(3, 3)
 KB_UKR(4, 3)
+#endif
 #undef KB_UKR
 
+#ifdef KB_WIDE
+/* The register tile of a 16- or 24-column panel on 16-lane vectors (vw, where
+ * the including ISA has them and 512-bit FMA units): MR rows x one vw and NR8
+ * (0 or 1) vf. Every element's sum is SFX(ukr)'s, one FMA per k in order, then
+ * alpha, then beta: the same bits with half the instructions. */
+static inline __attribute__((always_inline)) void SFX(ukrw)(const int MR, const int NR8,
+                                                            KB_UKR_ARGS) {
+  vw accw[12];
+  vf acc8[12];
+#pragma GCC unroll 12
+  for (int i = 0; i < MR; i++) {
+    accw[i] = vw_set1(0.0f);
+    if (NR8) acc8[i] = vf_set1(0.0f);
+  }
+  for (int64_t p = 0; p < k; p++) {
+    const vw bw = vw_load(b + p * ldb);
+    const vf b8 = NR8 ? vf_load(b + p * ldb + 2 * FA_VL) : vf_set1(0.0f);
+    const float *ap = a + p * csa;
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; i++) {
+      accw[i] = vw_fma(vw_set1(ap[i * rsa]), bw, accw[i]);
+      if (NR8) acc8[i] = vf_fma(vf_set1(ap[i * rsa]), b8, acc8[i]);
+    }
+  }
+#pragma GCC unroll 12
+  for (int i = 0; i < MR; i++) {
+    const float s = rs ? rs[i] : 1.0f;
+    float *cp = c + i * ldc;
+    const vw r = vw_mul(accw[i], vw_set1(alpha));
+    vw_store(cp, beta ? vw_fma(vw_load(cp), vw_set1(s), r) : r);
+    if (NR8) {
+      const vf r8 = vf_mul(acc8[i], vf_set1(alpha));
+      vf_store(cp + 2 * FA_VL, beta ? vf_fma(vf_load(cp + 2 * FA_VL), vf_set1(s), r8) : r8);
+    }
+  }
+}
+#define KB_UKRW(MR, NV)                                                     \
+  static void SFX(ukrw_##MR##x##NV)(KB_UKR_ARGS) {                          \
+    SFX(ukrw)(MR, NV - 2, k, a, rsa, csa, b, ldb, c, ldc, alpha, beta, rs); \
+  }
+#define KB_UKRW_ROWS(NV)                                                                    \
+  KB_UKRW(1, NV)                                                                            \
+  KB_UKRW(2, NV)                                                                            \
+  KB_UKRW(3, NV) KB_UKRW(4, NV) KB_UKRW(5, NV) KB_UKRW(6, NV) KB_UKRW(7, NV) KB_UKRW(8, NV) \
+      KB_UKRW(9, NV) KB_UKRW(10, NV) KB_UKRW(11, NV) KB_UKRW(12, NV)
+KB_UKRW_ROWS(2)
+KB_UKRW_ROWS(3)
+#undef KB_UKRW_ROWS
+#undef KB_UKRW
+#define KB_UKRW_ROW(NV)                                                                           \
+  {                                                                                               \
+    NULL, SFX(ukrw_1x##NV), SFX(ukrw_2x##NV), SFX(ukrw_3x##NV), SFX(ukrw_4x##NV),                 \
+        SFX(ukrw_5x##NV), SFX(ukrw_6x##NV), SFX(ukrw_7x##NV), SFX(ukrw_8x##NV), SFX(ukrw_9x##NV), \
+        SFX(ukrw_10x##NV), SFX(ukrw_11x##NV), SFX(ukrw_12x##NV)                                   \
+  }
+/* Register tile height per vectors per panel, and [vectors][rows]: where
+ * rows restrict their keys (klo), the 256-bit tables' heights (ukr_mr), which
+ * decide how a row's sum splits between the tile and the row's own tail, so
+ * the bits are theirs; else taller tiles (ukr_mr_full, rows independent). */
+static const int SFX(ukr_mr)[4] = {0, 8, 6, 4}, SFX(ukr_mr_full)[4] = {0, 8, 12, 12};
+static const SFX(ukr_fn) SFX(ukrs)[4][13] = {
+    {0},
+    {NULL, SFX(ukr_1x1), SFX(ukr_2x1), SFX(ukr_3x1), SFX(ukr_4x1), SFX(ukr_5x1), SFX(ukr_6x1),
+     SFX(ukr_7x1), SFX(ukr_8x1)},
+    KB_UKRW_ROW(2),
+    KB_UKRW_ROW(3),
+};
+#undef KB_UKRW_ROW
+#else
 /* Register tile height per vectors per panel, and [vectors][rows]. */
 static const int SFX(ukr_mr)[4] = {0, 8, 6, 4};
 static const SFX(ukr_fn) SFX(ukrs)[4][9] = {
@@ -149,49 +220,118 @@ static const SFX(ukr_fn) SFX(ukrs)[4][9] = {
     {NULL, SFX(ukr_1x2), SFX(ukr_2x2), SFX(ukr_3x2), SFX(ukr_4x2), SFX(ukr_5x2), SFX(ukr_6x2)},
     {NULL, SFX(ukr_1x3), SFX(ukr_2x3), SFX(ukr_3x3), SFX(ukr_4x3)},
 };
+#endif
 
-static void SFX(gemm)(const fa_gemm *g) {
-  for (int64_t j0 = 0; j0 < g->n; j0 += g->bw) {
-    const int nv = (int)((g->n - j0 < g->bw ? g->n - j0 : g->bw) / FA_VL);
-    const int MR = SFX(ukr_mr)[nv];
-    const float *bp = g->b + j0 / g->bw * g->bps;
-    for (int64_t i0 = 0, mr; i0 < g->m; i0 += mr) {
-      mr = (int)(g->m - i0 < MR ? g->m - i0 : MR);
-      /* 8 rows left: 4 + 4, not 6 + 2, and 10 rows: 5 + 5, not 6 + 4 (a
-       * 2- or 4-row tile has too few accumulators to cover the FMA latency);
-       * rows are independent, so same bits */
-      if (MR == 6 && (g->m - i0 == 8 || g->m - i0 == 10)) mr = (int)(g->m - i0) / 2;
-      const float *ap = g->a + i0 * g->rsa;
-      float *cp = g->c + i0 * g->ldc + j0;
-      const float *rs = g->rowscale ? g->rowscale + i0 : NULL;
-      if (!g->klo) {
-        SFX(ukrs)[nv][mr](g->k, ap, g->rsa, g->csa, bp, g->ldb, cp, g->ldc, g->alpha, g->beta, rs);
-        continue;
-      }
-      /* The keys every row of the group sees go through the register tile;
-       * what single rows see beyond that, row by row. */
-      int64_t lo = 0, hi = g->k;
-      for (int r = 0; r < mr; r++) {
-        lo = g->klo[i0 + r] > lo ? g->klo[i0 + r] : lo;
-        hi = g->khi[i0 + r] < hi ? g->khi[i0 + r] : hi;
-      }
-      if (hi < lo) hi = lo;
-      SFX(ukrs)
-      [nv][mr](hi - lo, ap + lo * g->csa, g->rsa, g->csa, bp + lo * g->ldb, g->ldb, cp, g->ldc,
-               g->alpha, g->beta, rs);
-      for (int r = 0; r < mr; r++) {
-        const int64_t a0 = g->klo[i0 + r], b1 = g->khi[i0 + r];
-        const int64_t a1 = b1 < lo ? b1 : lo, b0 = a0 > hi ? a0 : hi;
-        const float *ar = ap + r * g->rsa;
-        if (a0 < a1) SFX(ukrs)
-        [nv][1](a1 - a0, ar + a0 * g->csa, 0, g->csa, bp + a0 * g->ldb, g->ldb, cp + r * g->ldc,
-                g->ldc, g->alpha, 1, NULL);
-        if (b0 < b1) SFX(ukrs)
-        [nv][1](b1 - b0, ar + b0 * g->csa, 0, g->csa, bp + b0 * g->ldb, g->ldb, cp + r * g->ldc,
-                g->ldc, g->alpha, 1, NULL);
-      }
+#ifdef KB_WIDE
+/* Two neighbouring 16-column panels (b and b + bps) at once: MR rows x two
+ * vw, each broadcast of A feeding two FMAs (a tile of one vw per row waits on
+ * its loads: 71% of the 512-bit FMA peak on a core of an Intel Xeon, 86% for
+ * eight rows of two). Same per-element sums as SFX(ukr). */
+#define KB_UKR2_ARGS KB_UKR_ARGS, int64_t bps
+typedef void (*SFX(ukr2_fn))(KB_UKR2_ARGS);
+static inline __attribute__((always_inline)) void SFX(ukrw2)(const int MR, KB_UKR2_ARGS) {
+  vw acc0[8], acc1[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; i++) acc0[i] = acc1[i] = vw_set1(0.0f);
+  for (int64_t p = 0; p < k; p++) {
+    const vw b0 = vw_load(b + p * ldb), b1 = vw_load(b + bps + p * ldb);
+    const float *ap = a + p * csa;
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) {
+      const vw av = vw_set1(ap[i * rsa]);
+      acc0[i] = vw_fma(av, b0, acc0[i]);
+      acc1[i] = vw_fma(av, b1, acc1[i]);
     }
   }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; i++) {
+    const vw va = vw_set1(alpha), s = vw_set1(rs ? rs[i] : 1.0f);
+    float *cp = c + i * ldc;
+    const vw r0 = vw_mul(acc0[i], va), r1 = vw_mul(acc1[i], va);
+    vw_store(cp, beta ? vw_fma(vw_load(cp), s, r0) : r0);
+    vw_store(cp + 2 * FA_VL, beta ? vw_fma(vw_load(cp + 2 * FA_VL), s, r1) : r1);
+  }
+}
+#define KB_UKR2(MR)                                                       \
+  static void SFX(ukr2_##MR)(KB_UKR2_ARGS) {                              \
+    SFX(ukrw2)(MR, k, a, rsa, csa, b, ldb, c, ldc, alpha, beta, rs, bps); \
+  }
+KB_UKR2(1)
+KB_UKR2(2)
+KB_UKR2(3)
+KB_UKR2(4)
+KB_UKR2(5)
+KB_UKR2(6)
+KB_UKR2(7)
+KB_UKR2(8)
+#undef KB_UKR2
+static const SFX(ukr2_fn)
+    SFX(ukr2s)[9] = {NULL,        SFX(ukr2_1), SFX(ukr2_2), SFX(ukr2_3), SFX(ukr2_4),
+                     SFX(ukr2_5), SFX(ukr2_6), SFX(ukr2_7), SFX(ukr2_8)};
+/* a register tile of rows rows: a pair of panels, or nv vectors of one */
+#define KB_TILE(rows, K, A, RSA, B, C, BETA, RS)                                                \
+  (PAIR ? SFX(ukr2s)[rows](K, A, RSA, g->csa, B, g->ldb, C, g->ldc, g->alpha, BETA, RS, g->bps) \
+        : SFX(ukrs)[nv][rows](K, A, RSA, g->csa, B, g->ldb, C, g->ldc, g->alpha, BETA, RS))
+#else
+#define KB_TILE(rows, K, A, RSA, B, C, BETA, RS) \
+  SFX(ukrs)[nv][rows](K, A, RSA, g->csa, B, g->ldb, C, g->ldc, g->alpha, BETA, RS)
+#endif
+
+/* Columns [j0, j0 + nv vectors) of C, or the two panels from j0 (PAIR) */
+static inline __attribute__((always_inline)) void SFX(gemm_cols)(const fa_gemm *g, int64_t j0,
+                                                                 const int nv, const int PAIR) {
+#ifdef KB_WIDE
+  const int MR = g->klo ? SFX(ukr_mr)[nv] : PAIR ? 8 : SFX(ukr_mr_full)[nv];
+#else
+  const int MR = SFX(ukr_mr)[nv];
+  (void)PAIR;
+#endif
+  const float *bp = g->b + j0 / g->bw * g->bps;
+  for (int64_t i0 = 0, mr; i0 < g->m; i0 += mr) {
+    mr = (int)(g->m - i0 < MR ? g->m - i0 : MR);
+    /* 8 rows left: 4 + 4, not 6 + 2, and 10 rows: 5 + 5, not 6 + 4 (a
+     * 2- or 4-row tile has too few accumulators to cover the FMA latency);
+     * rows are independent, so same bits */
+    if (MR == 6 && (g->m - i0 == 8 || g->m - i0 == 10)) mr = (int)(g->m - i0) / 2;
+    /* (12-row tiles: 13 to 23 rows left in two halves) */
+    if (MR == 12 && g->m - i0 > 12 && g->m - i0 < 24) mr = (int)(g->m - i0 + 1) / 2;
+    const float *ap = g->a + i0 * g->rsa;
+    float *cp = g->c + i0 * g->ldc + j0;
+    const float *rs = g->rowscale ? g->rowscale + i0 : NULL;
+    if (!g->klo) {
+      KB_TILE(mr, g->k, ap, g->rsa, bp, cp, g->beta, rs);
+      continue;
+    }
+    /* The keys every row of the group sees go through the register tile;
+     * what single rows see beyond that, row by row. */
+    int64_t lo = 0, hi = g->k;
+    for (int r = 0; r < mr; r++) {
+      lo = g->klo[i0 + r] > lo ? g->klo[i0 + r] : lo;
+      hi = g->khi[i0 + r] < hi ? g->khi[i0 + r] : hi;
+    }
+    if (hi < lo) hi = lo;
+    KB_TILE(mr, hi - lo, ap + lo * g->csa, g->rsa, bp + lo * g->ldb, cp, g->beta, rs);
+    for (int r = 0; r < mr; r++) {
+      const int64_t a0 = g->klo[i0 + r], b1 = g->khi[i0 + r];
+      const int64_t a1 = b1 < lo ? b1 : lo, b0 = a0 > hi ? a0 : hi;
+      const float *ar = ap + r * g->rsa;
+      if (a0 < a1)
+        KB_TILE(1, a1 - a0, ar + a0 * g->csa, 0, bp + a0 * g->ldb, cp + r * g->ldc, 1, NULL);
+      if (b0 < b1)
+        KB_TILE(1, b1 - b0, ar + b0 * g->csa, 0, bp + b0 * g->ldb, cp + r * g->ldc, 1, NULL);
+    }
+  }
+}
+#undef KB_TILE
+
+static void SFX(gemm)(const fa_gemm *g) {
+  int64_t j0 = 0;
+#ifdef KB_WIDE
+  if (g->bw == 2 * FA_VL)
+    for (; j0 + 2 * g->bw <= g->n; j0 += 2 * g->bw) SFX(gemm_cols)(g, j0, 2, 1);
+#endif
+  for (; j0 < g->n; j0 += g->bw)
+    SFX(gemm_cols)(g, j0, (int)((g->n - j0 < g->bw ? g->n - j0 : g->bw) / FA_VL), 0);
 }
 
 /* ---- softmax ------------------------------------------------------------- */

@@ -2,7 +2,8 @@
  * AVX2 + FMA + F16C. Included by kern_avx2.c and kern_avx512vl.c, which
  * define SFX and KB_ISA and differ only in their compile flags: with
  * AVX-512F/VL the compiler has 32 vector registers, EVEX encodings and
- * broadcast memory operands for the same 256-bit code. */
+ * broadcast memory operands for the same 256-bit code; kern_avx512.c (KB_WIDE)
+ * also runs the matrix product on 512-bit vectors. */
 #ifndef FA_COMMON_KERN_X86_H
 #define FA_COMMON_KERN_X86_H
 
@@ -58,6 +59,16 @@ static inline vf vf_load_bf16(const uint16_t *p) { /* bf16 is float32's upper ha
 static inline void vf_store_f16(uint16_t *p, vf v) {
   _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
 }
+
+#ifdef KB_WIDE
+/* 16-lane vectors for the matrix product's register tiles (kern_avx512.c) */
+typedef __m512 vw;
+static inline vw vw_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline void vw_store(float *p, vw v) { _mm512_storeu_ps(p, v); }
+static inline vw vw_set1(float x) { return _mm512_set1_ps(x); }
+static inline vw vw_mul(vw a, vw b) { return _mm512_mul_ps(a, b); }
+static inline vw vw_fma(vw a, vw b, vw c) { return _mm512_fmadd_ps(a, b, c); }
+#endif
 
 static inline vf vf_sum8(const vf *v) {
   const vf ab = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));

@@ -11,6 +11,9 @@
  *   for dropout: vi_set1, vi_iota(x) = x + lane, vi_xor, vi_mullo(a, m) and
  *   vi_mulhi(a, m) (the halves of the 64-bit a * m), vf_sel_ge_u(x, t, a) =
  *   x >= t (unsigned) ? a : 0.
+ * With KB_WIDE the matrix product's register tiles also take vw, 16-lane
+ * vectors (vw_load, vw_store, vw_set1, vw_mul, vw_fma), summing each element
+ * as the 8-lane tiles do.
  * Nothing here depends on the ISA otherwise, so both paths share every
  * summation order and differ only in FMA contraction. */
 #include <math.h>

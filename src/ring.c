@@ -40,7 +40,7 @@ static int ring_visible(const fa_params *p, int64_t qp, int64_t nq, int64_t kp, 
   int64_t left = p->window_enabled ? p->window_left : -1;
   int64_t right = p->window_enabled ? p->window_right : -1;
   if (p->causal && right != 0) right = 0;
-  if (right >= 0 && qp + nq - 1 + right < kp) return 0;
+  if (right >= 0 && right < kp - (qp + nq - 1)) return 0; /* no overflow at INT64_MAX */
   if (left >= 0 && qp - left > kp + nk - 1) return 0;
   return 1;
 }

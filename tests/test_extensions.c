@@ -540,6 +540,56 @@ static void t_block_size_huge(const void *arg) {
   }
 }
 
+/* Windows as wide as INT64_MAX on either side (the mask's ranges compared
+ * without overflow; UBSan flags the sums otherwise): bitwise the unlimited
+ * window's O, lse, dQ, dK and dV, with and without a right edge at 0 */
+static void t_window_huge(const void *arg) {
+  (void)arg;
+  const int H = 2, D = 8, nq = 5, nk = 7, nqe = nq * H * D, nke = nk * H * D;
+  uint64_t rs = 13;
+  double x[(5 + 7 + 7 + 5) * 2 * 8];
+  for (size_t e = 0; e < sizeof x / sizeof x[0]; e++) x[e] = 2 * urand(&rs) - 1;
+  for (int a = 0; a < EXT_NALGOS; a++) {
+    const fa_dtype dt = ext_algos[a] == FA_ALGO_STANDARD ? FA_DTYPE_F64 : FA_DTYPE_F32;
+    const size_t es = tu_esize(dt);
+    void *q = to_dtype(x, (size_t)nqe, dt), *k = to_dtype(x + nqe, (size_t)nke, dt);
+    void *v = to_dtype(x + nqe + nke, (size_t)nke, dt);
+    void *dout = to_dtype(x + nqe + 2 * nke, (size_t)nqe, dt);
+    fa_tensor tq = fa_tensor_bnhd(q, dt, 1, nq, H, D), tk = fa_tensor_bnhd(k, dt, 1, nk, H, D);
+    fa_tensor tv = fa_tensor_bnhd(v, dt, 1, nk, H, D), tdo = fa_tensor_bnhd(dout, dt, 1, nq, H, D);
+    for (int right0 = 0; right0 < 2; right0++) {
+      void *out[2][4];
+      float lse[2][5 * 2];
+      for (int r = 0; r < 2; r++) {
+        fa_params p = {0};
+        p.algorithm = ext_algos[a];
+        p.window_enabled = 1;
+        p.window_left = r ? -1 : INT64_MAX;
+        p.window_right = right0 ? 0 : r ? -1 : INT64_MAX;
+        for (int t = 0; t < 4; t++) out[r][t] = calloc((size_t)(t == 0 || t == 1 ? nqe : nke), es);
+        fa_tensor to = fa_tensor_bnhd(out[r][0], dt, 1, nq, H, D);
+        fa_tensor tdq = fa_tensor_bnhd(out[r][1], dt, 1, nq, H, D);
+        fa_tensor tdk = fa_tensor_bnhd(out[r][2], dt, 1, nk, H, D);
+        fa_tensor tdv = fa_tensor_bnhd(out[r][3], dt, 1, nk, H, D);
+        if (fa_forward(&p, &tq, &tk, &tv, &to, lse[r]) != FA_OK ||
+            fa_backward(&p, &tq, &tk, &tv, &to, &tdo, lse[r], &tdq, &tdk, &tdv) != FA_OK)
+          tr_fail("%s, window %s: %s", tu_algo_name(p.algorithm), r ? "-1" : "INT64_MAX",
+                  fa_last_error());
+      }
+      const char *nm[4] = {"O", "dQ", "dK", "dV"};
+      for (int t = 0; t < 4; t++)
+        if (memcmp(out[0][t], out[1][t], (size_t)(t < 2 ? nqe : nke) * es))
+          tr_fail("%s%s: %s of a window of INT64_MAX differs from the unlimited one's",
+                  tu_algo_name(ext_algos[a]), right0 ? " (right 0)" : "", nm[t]);
+      if (memcmp(lse[0], lse[1], sizeof lse[0]))
+        tr_fail("%s: lse differs", tu_algo_name(ext_algos[a]));
+      for (int r = 0; r < 2; r++)
+        for (int t = 0; t < 4; t++) free(out[r][t]);
+    }
+    free(q), free(k), free(v), free(dout);
+  }
+}
+
 static void t_indices(const void *arg) {
   (void)arg;
   const int32_t counts[3] = {2, 0, 3}, idx[3 * 4] = {3, 1, 9, 9, 9, 9, 9, 9, 0, 2, 4, 9};
@@ -706,6 +756,7 @@ void register_extension_tests(void) {
   tr_add("extensions/block-mask-indices", t_indices, NULL, 0, 0);
   tr_add("extensions/block-mask-row-stride-default", t_block_row_stride_default, NULL, 0, 0);
   tr_add("extensions/block-size-huge", t_block_size_huge, NULL, 0, 0);
+  tr_add("extensions/window-huge", t_window_huge, NULL, 0, 0);
   tr_add("extensions/validation", t_ext_validation, NULL, 0, 0);
   tr_add("extensions/probs-validation", t_probs_validation, NULL, 0, 0);
   const fa_dtype dts[3] = {FA_DTYPE_F64, FA_DTYPE_F32, FA_DTYPE_BF16};

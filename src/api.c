@@ -531,8 +531,13 @@ static fa_status make_problem(fa_pass pass, const fa_params *p, const fa_tensor 
   pb->algorithm = p->algorithm;
   pb->causal = p->causal != 0;
   pb->window_enabled = p->window_enabled != 0;
-  pb->window_left = p->window_left;
-  pb->window_right = p->window_right;
+  /* A window wider than any sequence and shard offset (2^32) sees everything:
+   * 2^61 keeps every sum the backends form with it (a row's diagonal plus or
+   * minus the window, the two sides plus one) inside 64 bits, and the kernels'
+   * mask ranges keep their plain arithmetic. */
+  const int64_t wmax = (int64_t)1 << 61;
+  pb->window_left = p->window_left > wmax ? wmax : p->window_left;
+  pb->window_right = p->window_right > wmax ? wmax : p->window_right;
   pb->softcap = p->softcap;
   pb->alibi_slopes = p->alibi_slopes;
   pb->alibi_stride_batch = p->alibi_stride_batch;

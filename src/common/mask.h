@@ -49,9 +49,8 @@ FA_HD void fa_mask_shard(fa_mask *m, int64_t q_offset, int64_t k_offset) {
 FA_HD void fa_mask_row_range(const fa_mask *m, int64_t i, int64_t *lo, int64_t *hi) {
   int64_t diag = i + m->diag0;
   int64_t a = 0, b = m->nk;
-  /* compared without overflow: a window may be as wide as INT64_MAX */
-  if (m->left >= 0 && m->left < diag - a) a = diag - m->left;
-  if (m->right >= 0 && m->right < b - 1 - diag) b = diag + m->right + 1;
+  if (m->left >= 0 && diag - m->left > a) a = diag - m->left;
+  if (m->right >= 0 && diag + m->right + 1 < b) b = diag + m->right + 1;
   if (a > m->nk) a = m->nk; /* a shard's row whose window starts past the keys */
   *lo = a;
   *hi = b > a ? b : a;
@@ -78,8 +77,8 @@ FA_HD void fa_mask_col_range(const fa_mask *m, int64_t j, int64_t *r0, int64_t *
   /* row i sees j iff diag - left <= j <= diag + right, diag = i + diag0 */
   int64_t off = m->diag0;
   int64_t a = 0, b = m->nq;
-  if (m->right >= 0 && m->right < j - off - a) a = j - m->right - off;
-  if (m->left >= 0 && m->left < b - 1 - j + off) b = j + m->left - off + 1;
+  if (m->right >= 0 && j - m->right - off > a) a = j - m->right - off;
+  if (m->left >= 0 && j + m->left - off + 1 < b) b = j + m->left - off + 1;
   if (a > m->nq) a = m->nq; /* a shard's key whose window starts past the rows */
   *r0 = a;
   *r1 = b > a ? b : a;

@@ -956,8 +956,7 @@ fa_status sm90_forward(const FwdArgs &a, cudaStream_t s) {
    * N = 512-2048: 3-18% slower; docs/PERF.md "CUDA forward"). Skipping those
    * tiles per warpgroup, a branch in the tile loop, cost 10% everywhere. */
   int64_t band = a.cu_q ? a.max_seqlen_q : a.nk;
-  if (a.window_enabled && a.window_left >= 0 && a.window_right >= 0 && a.window_left < band &&
-      a.window_right < band) /* (no overflow: windows may be as wide as INT64_MAX) */
+  if (a.window_enabled && a.window_left >= 0 && a.window_right >= 0)
     band = std::min(band, a.window_left + a.window_right + 1);
   const bool three = !a.bmask && (!(a.causal || a.window_enabled) || band >= 4096);
   return three ? sm90::fwd_launch<T, 64, 3>(a, s) : sm90::fwd_launch<T, 64, 2>(a, s);

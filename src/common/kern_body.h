@@ -145,66 +145,97 @@ KB_UKR(4, 3)
 #endif
 #undef KB_UKR
 
+/* Register tile height per vectors per panel. Where rows restrict their keys
+ * (klo) every table takes these heights: they decide how a row's sum splits
+ * between the tile and the row's own tail, so the bits are the same. */
+static const int SFX(ukr_mr)[4] = {0, 8, 6, 4};
 #ifdef KB_WIDE
-/* The register tile of a 16- or 24-column panel on 16-lane vectors (vw, where
- * the including ISA has them and 512-bit FMA units): MR rows x one vw and NR8
- * (0 or 1) vf. Every element's sum is SFX(ukr)'s, one FMA per k in order, then
- * alpha, then beta: the same bits with half the instructions. */
-static inline __attribute__((always_inline)) void SFX(ukrw)(const int MR, const int NR8,
-                                                            KB_UKR_ARGS) {
-  vw accw[12];
+/* Register tiles on 16-lane vectors (vw, where the including ISA has them and
+ * 512-bit FMA units): MR rows x one vw of the panel at b and, SECOND = 1, a vf
+ * of its columns 16-23 (a 24-column panel), or, SECOND = 2, a vw of the next
+ * 16-column panel (b + bps): two panels at once, each broadcast of A feeding
+ * two FMAs (one vw a row waits on its loads: 71% of the 512-bit FMA peak on a
+ * core of an Intel Xeon, 86% for eight rows of two). Every element's sum is
+ * SFX(ukr)'s, one FMA per k in order, then alpha, then beta: the same bits
+ * with half the instructions. */
+#define KB_UKR2_ARGS KB_UKR_ARGS, int64_t bps
+typedef void (*SFX(ukr2_fn))(KB_UKR2_ARGS);
+static inline __attribute__((always_inline)) void SFX(ukrw)(const int MR, const int SECOND,
+                                                            KB_UKR2_ARGS) {
+  vw acc0[12], acc1[12];
   vf acc8[12];
 #pragma GCC unroll 12
   for (int i = 0; i < MR; i++) {
-    accw[i] = vw_set1(0.0f);
-    if (NR8) acc8[i] = vf_set1(0.0f);
+    acc0[i] = vw_set1(0.0f);
+    if (SECOND == 2) acc1[i] = vw_set1(0.0f);
+    if (SECOND == 1) acc8[i] = vf_set1(0.0f);
   }
   for (int64_t p = 0; p < k; p++) {
-    const vw bw = vw_load(b + p * ldb);
-    const vf b8 = NR8 ? vf_load(b + p * ldb + 2 * FA_VL) : vf_set1(0.0f);
+    const vw b0 = vw_load(b + p * ldb);
+    const vw b1 = SECOND == 2 ? vw_load(b + bps + p * ldb) : vw_set1(0.0f);
+    const vf b8 = SECOND == 1 ? vf_load(b + p * ldb + 2 * FA_VL) : vf_set1(0.0f);
     const float *ap = a + p * csa;
 #pragma GCC unroll 12
     for (int i = 0; i < MR; i++) {
-      accw[i] = vw_fma(vw_set1(ap[i * rsa]), bw, accw[i]);
-      if (NR8) acc8[i] = vf_fma(vf_set1(ap[i * rsa]), b8, acc8[i]);
+      const vw av = vw_set1(ap[i * rsa]);
+      acc0[i] = vw_fma(av, b0, acc0[i]);
+      if (SECOND == 2) acc1[i] = vw_fma(av, b1, acc1[i]);
+      if (SECOND == 1) acc8[i] = vf_fma(vf_set1(ap[i * rsa]), b8, acc8[i]);
     }
   }
 #pragma GCC unroll 12
   for (int i = 0; i < MR; i++) {
     const float s = rs ? rs[i] : 1.0f;
-    float *cp = c + i * ldc;
-    const vw r = vw_mul(accw[i], vw_set1(alpha));
-    vw_store(cp, beta ? vw_fma(vw_load(cp), vw_set1(s), r) : r);
-    if (NR8) {
+    float *cp = c + i * ldc, *c2 = cp + 2 * FA_VL;
+    const vw r0 = vw_mul(acc0[i], vw_set1(alpha));
+    vw_store(cp, beta ? vw_fma(vw_load(cp), vw_set1(s), r0) : r0);
+    if (SECOND == 2) {
+      const vw r1 = vw_mul(acc1[i], vw_set1(alpha));
+      vw_store(c2, beta ? vw_fma(vw_load(c2), vw_set1(s), r1) : r1);
+    }
+    if (SECOND == 1) {
       const vf r8 = vf_mul(acc8[i], vf_set1(alpha));
-      vf_store(cp + 2 * FA_VL, beta ? vf_fma(vf_load(cp + 2 * FA_VL), vf_set1(s), r8) : r8);
+      vf_store(c2, beta ? vf_fma(vf_load(c2), vf_set1(s), r8) : r8);
     }
   }
 }
-#define KB_UKRW(MR, NV)                                                     \
-  static void SFX(ukrw_##MR##x##NV)(KB_UKR_ARGS) {                          \
-    SFX(ukrw)(MR, NV - 2, k, a, rsa, csa, b, ldb, c, ldc, alpha, beta, rs); \
+/* one panel of NV vectors (2 or 3); a pair of 16-column panels */
+#define KB_UKRW(MR, NV)                                                        \
+  static void SFX(ukrw_##MR##x##NV)(KB_UKR_ARGS) {                             \
+    SFX(ukrw)(MR, NV - 2, k, a, rsa, csa, b, ldb, c, ldc, alpha, beta, rs, 0); \
+  }
+#define KB_UKR2(MR)                                                         \
+  static void SFX(ukr2_##MR)(KB_UKR2_ARGS) {                                \
+    SFX(ukrw)(MR, 2, k, a, rsa, csa, b, ldb, c, ldc, alpha, beta, rs, bps); \
   }
 #define KB_UKRW_ROWS(NV)                                                                    \
   KB_UKRW(1, NV)                                                                            \
   KB_UKRW(2, NV)                                                                            \
-  KB_UKRW(3, NV) KB_UKRW(4, NV) KB_UKRW(5, NV) KB_UKRW(6, NV) KB_UKRW(7, NV) KB_UKRW(8, NV) \
-      KB_UKRW(9, NV) KB_UKRW(10, NV) KB_UKRW(11, NV) KB_UKRW(12, NV)
+  KB_UKRW(3, NV)                                                                            \
+  KB_UKRW(4, NV) KB_UKRW(5, NV) KB_UKRW(6, NV) KB_UKRW(7, NV) KB_UKRW(8, NV) KB_UKRW(9, NV) \
+      KB_UKRW(10, NV) KB_UKRW(11, NV) KB_UKRW(12, NV)
 KB_UKRW_ROWS(2)
 KB_UKRW_ROWS(3)
+KB_UKR2(1)
+KB_UKR2(2)
+KB_UKR2(3)
+KB_UKR2(4)
+KB_UKR2(5)
+KB_UKR2(6)
+KB_UKR2(7)
+KB_UKR2(8)
 #undef KB_UKRW_ROWS
 #undef KB_UKRW
+#undef KB_UKR2
 #define KB_UKRW_ROW(NV)                                                                           \
   {                                                                                               \
     NULL, SFX(ukrw_1x##NV), SFX(ukrw_2x##NV), SFX(ukrw_3x##NV), SFX(ukrw_4x##NV),                 \
         SFX(ukrw_5x##NV), SFX(ukrw_6x##NV), SFX(ukrw_7x##NV), SFX(ukrw_8x##NV), SFX(ukrw_9x##NV), \
         SFX(ukrw_10x##NV), SFX(ukrw_11x##NV), SFX(ukrw_12x##NV)                                   \
   }
-/* Register tile height per vectors per panel, and [vectors][rows]: where
- * rows restrict their keys (klo), the 256-bit tables' heights (ukr_mr), which
- * decide how a row's sum splits between the tile and the row's own tail, so
- * the bits are theirs; else taller tiles (ukr_mr_full, rows independent). */
-static const int SFX(ukr_mr)[4] = {0, 8, 6, 4}, SFX(ukr_mr_full)[4] = {0, 8, 12, 12};
+/* Heights where rows are independent (no klo), and [vectors][rows]; the
+ * pairs' tiles, [rows] */
+static const int SFX(ukr_mr_full)[4] = {0, 8, 12, 12};
 static const SFX(ukr_fn) SFX(ukrs)[4][13] = {
     {0},
     {NULL, SFX(ukr_1x1), SFX(ukr_2x1), SFX(ukr_3x1), SFX(ukr_4x1), SFX(ukr_5x1), SFX(ukr_6x1),
@@ -213,9 +244,11 @@ static const SFX(ukr_fn) SFX(ukrs)[4][13] = {
     KB_UKRW_ROW(3),
 };
 #undef KB_UKRW_ROW
+static const SFX(ukr2_fn)
+    SFX(ukr2s)[9] = {NULL,        SFX(ukr2_1), SFX(ukr2_2), SFX(ukr2_3), SFX(ukr2_4),
+                     SFX(ukr2_5), SFX(ukr2_6), SFX(ukr2_7), SFX(ukr2_8)};
 #else
-/* Register tile height per vectors per panel, and [vectors][rows]. */
-static const int SFX(ukr_mr)[4] = {0, 8, 6, 4};
+/* [vectors][rows] */
 static const SFX(ukr_fn) SFX(ukrs)[4][9] = {
     {0},
     {NULL, SFX(ukr_1x1), SFX(ukr_2x1), SFX(ukr_3x1), SFX(ukr_4x1), SFX(ukr_5x1), SFX(ukr_6x1),
@@ -226,51 +259,6 @@ static const SFX(ukr_fn) SFX(ukrs)[4][9] = {
 #endif
 
 #ifdef KB_WIDE
-/* Two neighbouring 16-column panels (b and b + bps) at once: MR rows x two
- * vw, each broadcast of A feeding two FMAs (a tile of one vw per row waits on
- * its loads: 71% of the 512-bit FMA peak on a core of an Intel Xeon, 86% for
- * eight rows of two). Same per-element sums as SFX(ukr). */
-#define KB_UKR2_ARGS KB_UKR_ARGS, int64_t bps
-typedef void (*SFX(ukr2_fn))(KB_UKR2_ARGS);
-static inline __attribute__((always_inline)) void SFX(ukrw2)(const int MR, KB_UKR2_ARGS) {
-  vw acc0[8], acc1[8];
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; i++) acc0[i] = acc1[i] = vw_set1(0.0f);
-  for (int64_t p = 0; p < k; p++) {
-    const vw b0 = vw_load(b + p * ldb), b1 = vw_load(b + bps + p * ldb);
-    const float *ap = a + p * csa;
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; i++) {
-      const vw av = vw_set1(ap[i * rsa]);
-      acc0[i] = vw_fma(av, b0, acc0[i]);
-      acc1[i] = vw_fma(av, b1, acc1[i]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; i++) {
-    const vw va = vw_set1(alpha), s = vw_set1(rs ? rs[i] : 1.0f);
-    float *cp = c + i * ldc;
-    const vw r0 = vw_mul(acc0[i], va), r1 = vw_mul(acc1[i], va);
-    vw_store(cp, beta ? vw_fma(vw_load(cp), s, r0) : r0);
-    vw_store(cp + 2 * FA_VL, beta ? vw_fma(vw_load(cp + 2 * FA_VL), s, r1) : r1);
-  }
-}
-#define KB_UKR2(MR)                                                       \
-  static void SFX(ukr2_##MR)(KB_UKR2_ARGS) {                              \
-    SFX(ukrw2)(MR, k, a, rsa, csa, b, ldb, c, ldc, alpha, beta, rs, bps); \
-  }
-KB_UKR2(1)
-KB_UKR2(2)
-KB_UKR2(3)
-KB_UKR2(4)
-KB_UKR2(5)
-KB_UKR2(6)
-KB_UKR2(7)
-KB_UKR2(8)
-#undef KB_UKR2
-static const SFX(ukr2_fn)
-    SFX(ukr2s)[9] = {NULL,        SFX(ukr2_1), SFX(ukr2_2), SFX(ukr2_3), SFX(ukr2_4),
-                     SFX(ukr2_5), SFX(ukr2_6), SFX(ukr2_7), SFX(ukr2_8)};
 /* a register tile of rows rows: a pair of panels, or nv vectors of one */
 #define KB_TILE(rows, K, A, RSA, B, C, BETA, RS)                                                \
   (PAIR ? SFX(ukr2s)[rows](K, A, RSA, g->csa, B, g->ldb, C, g->ldc, g->alpha, BETA, RS, g->bps) \

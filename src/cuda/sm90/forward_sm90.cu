@@ -836,7 +836,8 @@ fa_status fwd_launch_as(const FwdArgs &a, cudaStream_t stream) {
   return fwd_combine_launch<T, D>(a, stream, true);
 }
 
-/* A paged cache's boxes: four producer warps share them where a tile takes
+/* The wide key tiles (fwd_bc) where sm90_forward asks for them. A paged
+ * cache's boxes: four producer warps share them where a tile takes
  * four boxes or more for each 64 columns (pages of BC / 4 rows or fewer);
  * at fewer, one warp issues them, the other three idling beside the
  * consumers cost more (prefill chunk, pages of 256 on an H100: 1.032 against
@@ -847,10 +848,12 @@ fa_status fwd_launch_as(const FwdArgs &a, cudaStream_t stream) {
  * tiles a split), nor in the D = 64 decode kernel, whose producer registers
  * spill with four. */
 template <typename T, int D, int NWG, bool DECODE = false>
-fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream) {
-  constexpr int KB = fwd_bc(D, false);
+fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream, bool wide = false) {
+  constexpr int KB = fwd_bc(D, false), WB = fwd_bc(D, true);
+  if constexpr (!DECODE && WB != KB) /* wide tiles: never paged (sm90_forward) */
+    if (wide) return fwd_launch_as<T, D, NWG, WB, false, false, 1>(a, stream);
   if (!a.block_table) return fwd_launch_as<T, D, NWG, KB, DECODE, false, 1>(a, stream);
-  constexpr int BC = FwdShape<D, NWG, KB>::BC;
+  constexpr int BC = KB;
   bool four = BC / std::gcd(a.page, BC) >= 4;
   if constexpr (DECODE) {
     const int64_t tiles = (a.max_seqlen_k + BC - 1) / BC;
@@ -939,15 +942,9 @@ fa_status sm90_forward(const FwdArgs &a, cudaStream_t s) {
    * visible and there are enough of them */
   const int64_t keys = a.cu_q ? a.max_seqlen_k : a.nk;
   const bool wide = band_free(a) && !a.bmask && !a.block_table && keys >= kWideMinKeys;
-  if (a.d > 192)
-    return wide ? sm90::fwd_launch_as<T, 256, 2, sm90::fwd_bc(256, true), false, false, 1>(a, s)
-                : sm90::fwd_launch<T, 256, 2>(a, s);
-  if (a.d > 128)
-    return wide ? sm90::fwd_launch_as<T, 192, 2, sm90::fwd_bc(192, true), false, false, 1>(a, s)
-                : sm90::fwd_launch<T, 192, 2>(a, s);
-  if (a.d > 64)
-    return wide ? sm90::fwd_launch_as<T, 128, 2, sm90::fwd_bc(128, true), false, false, 1>(a, s)
-                : sm90::fwd_launch<T, 128, 2>(a, s);
+  if (a.d > 192) return sm90::fwd_launch<T, 256, 2>(a, s, wide);
+  if (a.d > 128) return sm90::fwd_launch<T, 192, 2>(a, s, wide);
+  if (a.d > 64) return sm90::fwd_launch<T, 128, 2>(a, s, wide);
   /* D = 64: 192-row blocks (three warpgroups) gain 4-19% per cell, except
    * under block masks (their 128-row blocks would be straddled) and where a
    * causal or window band leaves the rows under 4096 keys: a 192-row block's

@@ -1,10 +1,12 @@
 /* Run-time choice between the x86 and the portable kernels (kern.h):
- * AVX-512F/VL encodings of the AVX2 kernels where the CPU has them, their
- * matrix product on 512-bit vectors too on Intel CPUs (two 512-bit FMA units
- * on its server cores; AMD's Zen 4 runs 512-bit FMAs at the 256-bit rate),
- * else AVX2/FMA/F16C, else portable C. FLASHATTN_CPU_ISA=avx512, avx512vl,
- * avx2 or portable picks that one where the CPU has it (tests run every table
- * the machine can). */
+ * where the CPU has AVX-512F/VL, the AVX2 kernels in those encodings with
+ * their matrix product on 512-bit vectors (ahead of the same kernels on
+ * 256-bit vectors on Intel's two 512-bit FMA units and on AMD's Zen 4 alike,
+ * though Zen 4 runs a 512-bit FMA at the 256-bit rate: half the instructions
+ * and twice the registers; docs/PERF.md), else AVX2/FMA/F16C, else portable
+ * C. FLASHATTN_CPU_ISA=avx512, avx512vl (512-bit encodings, 256-bit
+ * vectors), avx2 or portable picks that one where the CPU has it (tests run
+ * every table the machine can). */
 #include "common/kern.h"
 
 #include <stdlib.h>
@@ -25,7 +27,7 @@ static const fa_kern *kern_pick(void) {
   const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   const int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
   const int is = want != NULL, lower = is && strcmp(want, "avx2") == 0;
-  const int wide = is ? strcmp(want, "avx512") == 0 : __builtin_cpu_is("intel");
+  const int wide = !is || strcmp(want, "avx512") == 0;
   if (fa_kern_avx512.gemm && avx512 && wide) return &fa_kern_avx512;
   if (fa_kern_avx512vl.gemm && avx512 && !lower) return &fa_kern_avx512vl;
   if (fa_kern_avx2.gemm && avx2) return &fa_kern_avx2;

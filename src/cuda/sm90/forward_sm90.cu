@@ -15,10 +15,10 @@
  *   P = online softmax of S, in the accumulators (log2 domain, exp2)
  *   O += P V_j    wgmma, P from registers (the accumulator layout is the A
  *                 fragment layout), V from shared memory as an MN-major operand
- * At D = 128 (FwdShape::OVERLAP) O += P V_j is issued together with
- * S_{j+1}, so the tile's softmax runs under it, and the two consumer
- * warpgroups take turns issuing (FlashAttention-3's intra-warpgroup
- * pipelining and pingpong).
+ * At D = 128, and on the wide tiles at D = 192 and 256 (FwdShape::OVERLAP),
+ * O += P V_j is issued together with S_{j+1}, so the tile's softmax runs
+ * under it, and the two consumer warpgroups take turns issuing
+ * (FlashAttention-3's intra-warpgroup pipelining and pingpong).
  * The producer gives its registers to the consumers (setmaxnreg). Key tiles
  * run from the last to the first, so a causal block's masked tiles come first
  * and the rest carry no masking arithmetic; walks that no band cuts take
@@ -65,15 +65,18 @@ struct FwdShape {
    * two stages of K and V; else (D = 256, the wide tiles) it goes from
    * registers straight to global memory */
   static constexpr bool STAGE_O = 2 * BR * D * 2 + 2 * ST * BC * D * 2 + 2048 <= 227 * 1024;
-  /* D = 128: a tile's softmax runs under the previous tile's O += P V, and
-   * the two consumer warpgroups take turns issuing their products (named
-   * barriers 2 and 3): +0-8% per cell at D = 128; at D = 64 the same
-   * schedule was 8-15% slower, so it keeps one product at a time
-   * (docs/PERF.md, "CUDA forward"). Warpgroup 1's last arrival is left
-   * pending at exit (barrier state does not outlive the CTA). */
-  static constexpr bool OVERLAP = D == 128;
   /* the wide tiles (fwd_bc): their walks know no band */
   static constexpr bool WIDE = BC != fwd_bc(D, false);
+  /* A tile's softmax runs under the previous tile's O += P V, and the two
+   * consumer warpgroups take turns issuing their products (named barriers
+   * 2 and 3): +0-8% per cell at D = 128; on the wide tiles +7-9% at
+   * D = 192 and +2-15% at D = 256 (H100, 2k-16k keys). The narrow tiles of
+   * D = 192 ran 9-14% slower so (with Q's descriptors made per tile,
+   * without which they spill), at D = 256 they spill even then, and at
+   * D = 64 the schedule was 8-15% slower: these keep one product at a time
+   * (docs/PERF.md, "GPU forward"). Warpgroup 1's last arrival is left
+   * pending at exit (barrier state does not outlive the CTA). */
+  static constexpr bool OVERLAP = D == 128 || (D > 128 && WIDE);
   /* the producer walks the schedule too: 24 registers spill */
   static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = NWG == 2 ? 232 : 152;
   static_assert(regs_split_fits(NWG + 1, PRODUCER_REGS, CONSUMER_REGS), "registers fit");

@@ -25,7 +25,8 @@ static const fa_kern *kern_pick(void) {
   unsigned int a, b, c, d;
   const int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
   const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-  const int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+  const int avx512 =
+      avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
   const int is = want != NULL, lower = is && strcmp(want, "avx2") == 0;
   const int wide = !is || strcmp(want, "avx512") == 0;
   if (fa_kern_avx512.gemm && avx512 && wide) return &fa_kern_avx512;

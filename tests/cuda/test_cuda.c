@@ -999,8 +999,8 @@ static void full_suite(void) {
     check_dropout_bits(dt, 2, 4, 2, 777, 0);
     check_dropout_bits(dt, 1, 3, 3, 300, 1);
     /* walks no band cuts: the Hopper forward's wide key tiles (176 keys at
-     * D = 128, 112 at 192, 80 at 256) from 2048 keys, ragged last tiles,
-     * keys unsplit; D and D - 6 */
+     * D = 128, 112 at 192, 80 at 256) from 2048 keys (1024 at 256), ragged
+     * last tiles, keys unsplit; D and D - 6 */
     for (int i = 0; i < 6; i++) {
       const int Dw = (i < 2 ? 128 : i < 4 ? 192 : 256) - 6 * (i & 1);
       tcase c = base(nm("%s D=%d %s", "wide nq=300 nk=2500", Dw, dt), dt, Dw, 2, 2, 300, 2500);
@@ -1015,6 +1015,10 @@ static void full_suite(void) {
       c.nseq = 3, c.qtail = 3, c.splits = 1;
       int wq[3] = {100, 0, 257}, wk[3] = {2100, 3000, 2048};
       seq_lens(&c, wq, wk);
+      run_case(&c);
+      c = base(nm("%s D=%d %s", "wide from 1024 keys at D=256 nq=200 nk=1500", Dw, dt), dt, Dw, 2,
+               3, 200, 1500);
+      c.splits = 1;
       run_case(&c);
       c = base(nm("%s D=%d %s", "wide kvcache B=2 nq=64 nk=3000 used 2300/3000", Dw, dt), dt, Dw, 2,
                2, 64, 3000);

@@ -927,10 +927,12 @@ static bool band_free(const FwdArgs &a) {
   fa_mask_row_range(&m, a.nq - 1, &lo1, &hi1);
   return lo0 == 0 && hi0 == a.nk && lo1 == 0 && hi1 == a.nk;
 }
-/* Keys from which a walk that no band cuts takes the wide tiles: at 1024 the
- * 176-key tiles were level with 128 (H100, D = 128: 0.995), from 2048 ahead
- * (docs/PERF.md) */
-constexpr int64_t kWideMinKeys = 2048;
+/* Keys from which a walk that no band cuts takes the wide tiles (H100,
+ * docs/PERF.md): from 2048 at D <= 192 (1024 keys: D = 128's 176-key tiles
+ * 0.995x the 128-key ones, D = 192's 112-key tiles 0.95x); from 1024 at
+ * D = 256, whose 80-key tiles overlap their products and the narrow 64-key
+ * ones do not (1.14x at 1024 keys, 1.04x at 512) */
+constexpr int64_t wide_min_keys(int d) { return d > 192 ? 1024 : 2048; }
 
 template <typename T>
 fa_status sm90_forward(const FwdArgs &a, cudaStream_t s) {
@@ -944,7 +946,7 @@ fa_status sm90_forward(const FwdArgs &a, cudaStream_t s) {
   /* wide key tiles (fwd_bc) where every tile but the last is wholly
    * visible and there are enough of them */
   const int64_t keys = a.cu_q ? a.max_seqlen_k : a.nk;
-  const bool wide = band_free(a) && !a.bmask && !a.block_table && keys >= kWideMinKeys;
+  const bool wide = band_free(a) && !a.bmask && !a.block_table && keys >= wide_min_keys(a.d);
   if (a.d > 192) return sm90::fwd_launch<T, 256, 2>(a, s, wide);
   if (a.d > 128) return sm90::fwd_launch<T, 192, 2>(a, s, wide);
   if (a.d > 64) return sm90::fwd_launch<T, 128, 2>(a, s, wide);

@@ -78,7 +78,10 @@ def _run_case(name, kw, layout, dtype, rank, world, group, seed=None):
     tol = TOL_F32
     if dtype != torch.float32:
         # the yardstick: single-process attention in this dtype against the same library in
-        # float32 (same inputs, same dropout mask); the ring may err twice that, plus a floor
+        # float32 (same inputs, same dropout mask). The ring rounds each step's partial output
+        # (forward) and gradient terms (backward) to this dtype before it merges them in
+        # float32: up to `world` roundings where single-process attention has one, so it may
+        # err `world` times that (at least twice), plus a floor
         up = [x.float() for x in (q, k, v, dout)]
         fo, fl = fd._attn_fwd(up[0], up[1], up[2], a, kw.get("causal", False), None)
         fg = fd._attn_bwd(up[3], up[0], up[1], up[2], fo, fl, a, kw.get("causal", False), None)
@@ -88,10 +91,10 @@ def _run_case(name, kw, layout, dtype, rank, world, group, seed=None):
         for nm in ("out", "dq", "dk", "dv"):
             e = rel_err(mine[nm], refs[nm][:, pos])
             # the yardstick over the same rows: a rank's rows may err more than the whole
-            lim = 2 * rel_err(single[nm][:, pos], refs[nm][:, pos]) + \
+            lim = max(2, world) * rel_err(single[nm][:, pos], refs[nm][:, pos]) + \
                 (2e-3 if nm == "out" else 4e-3)
-            assert e <= lim, "%s %s: %.3g > %.3g (twice single-process's error + floor)" % (
-                what, nm, e, lim)
+            assert e <= lim, "%s %s: %.3g > %.3g (%d x single-process's error + floor)" % (
+                what, nm, e, lim, max(2, world))
         assert rel_err(lse, fl[:, :, pos]) <= 1e-3, "%s lse: %.3g" % (what, errs["lse"])
         return
     for nm, e in errs.items():

@@ -88,13 +88,14 @@ def _run_case(name, kw, layout, dtype, rank, world, group, seed=None):
         refs = dict(zip(("out", "dq", "dk", "dv"), (fo,) + tuple(fg)))
         mine = dict(zip(("out", "dq", "dk", "dv"), (out,) + tuple(grads)))
         single = dict(zip(("out", "dq", "dk", "dv"), (ro,) + tuple(rg)))
+        times = max(2, world)
         for nm in ("out", "dq", "dk", "dv"):
             e = rel_err(mine[nm], refs[nm][:, pos])
             # the yardstick over the same rows: a rank's rows may err more than the whole
-            lim = max(2, world) * rel_err(single[nm][:, pos], refs[nm][:, pos]) + \
+            lim = times * rel_err(single[nm][:, pos], refs[nm][:, pos]) + \
                 (2e-3 if nm == "out" else 4e-3)
             assert e <= lim, "%s %s: %.3g > %.3g (%d x single-process's error + floor)" % (
-                what, nm, e, lim, max(2, world))
+                what, nm, e, lim, times)
         assert rel_err(lse, fl[:, :, pos]) <= 1e-3, "%s lse: %.3g" % (what, errs["lse"])
         return
     for nm, e in errs.items():

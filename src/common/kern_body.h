@@ -13,7 +13,8 @@
  *   x >= t (unsigned) ? a : 0.
  * With KB_WIDE the matrix product's register tiles also take vw, 16-lane
  * vectors (vw_load, vw_store, vw_set1, vw_mul, vw_fma), summing each element
- * as the 8-lane tiles do.
+ * as the 8-lane tiles do, and so does the softmax (kern_lanes.h: vw_add,
+ * vw_sub, vw_max, vw_min, vw_sel_eq, vw_bits, vw_from_bits, vwi_add_shl23).
  * Nothing here depends on the ISA otherwise, so both paths share every
  * summation order and differ only in FMA contraction. */
 #include <math.h>
@@ -30,52 +31,22 @@
 #define KB_REGS 16
 #endif
 
-/* e^x: x = n ln2 + r with n = round(x log2 e) and r reduced in two FMA steps
- * (Cody-Waite: n ln2_hi is exact), e^r by a degree-6 minimax polynomial on
- * [-ln2/2, ln2/2] (approximation error 1.9e-9) in Horner form with FMA, and
- * 2^n built in the exponent bits. Measured: max relative error 1.2e-7 (1 ulp)
- * over 1e8 points of [-87, 88], e^0 = 1 exactly; results below ~2^-126.5 flush
- * to 0, -inf gives 0, NaN stays NaN. */
-static inline vf SFX(vexp)(vf x) {
-  const vf magic = vf_set1(12582912.0f); /* 1.5 * 2^23: y + magic rounds y to an integer */
-  x = vf_max(vf_set1(-88.0f), x);
-  x = vf_min(vf_set1(88.7f), x);
-  const vf t = vf_fma(x, vf_set1(FA_LOG2E), magic);
-  const vf n = vf_sub(t, magic);
-  vf r = vf_fma(n, vf_set1(-0.693359375f), x);
-  r = vf_fma(n, vf_set1(2.12194440e-4f), r);
-  vf p = vf_set1(1.3836845990719037e-3f);
-  p = vf_fma(p, r, vf_set1(8.374815804362865e-3f));
-  p = vf_fma(p, r, vf_set1(4.166822556952568e-2f));
-  p = vf_fma(p, r, vf_set1(1.6666420169849686e-1f));
-  p = vf_fma(p, r, vf_set1(4.9999992079816696e-1f));
-  p = vf_fma(p, r, vf_set1(1.0000000363231976f));
-  p = vf_fma(p, r, vf_set1(1.0f));
-  /* t's bits are magic's + n: 2^n = (bits - magic + 127) << 23 */
-  return vf_mul(p, vf_from_bits(vi_add_shl23(vf_bits(t), 127u - 0x4b400000u)));
-}
-
-/* 2^x for x <= 0 (or NaN), the online softmax's exponential in base 2: with
- * the scores already in log2 units, x = n + r with n = round(x) and r = x - n
- * exact, so the range reduction costs two additions and no multiply. 2^r on
- * [-1/2, 1/2] is vexp's polynomial with x = r ln2 substituted (coefficient k
- * times ln2^k: the same minimax error); below 2^-126.5 results flush to 0,
- * -inf gives 0. */
-static inline vf SFX(vexp2)(vf x) {
-  /* 1.5 * 2^23 + 127: t's low mantissa bits hold n + 127, 2^n's exponent field */
-  const vf magic = vf_set1(12583039.0f);
-  x = vf_max(vf_set1(-127.0f), x);
-  const vf t = vf_add(x, magic);
-  const vf r = vf_sub(x, vf_sub(t, magic));
-  vf p = vf_set1(1.534581199919384e-4f);
-  p = vf_fma(p, r, vf_set1(1.3399931219172016e-3f));
-  p = vf_fma(p, r, vf_set1(9.618488957123618e-3f));
-  p = vf_fma(p, r, vf_set1(5.550328776965466e-2f));
-  p = vf_fma(p, r, vf_set1(2.402264689063413e-1f));
-  p = vf_fma(p, r, vf_set1(6.931472057372673e-1f));
-  p = vf_fma(p, r, vf_set1(1.0f));
-  return vf_mul(p, vf_from_bits(vi_add_shl23(vf_bits(t), 0))); /* the shift drops the rest */
-}
+/* The exponentials and the online softmax's column chunk (kern_lanes.h),
+ * on vf; with KB_WIDE on vw too. */
+#define V vf
+#define VOP(op) vf_##op
+#define VIOP(op) vi_##op
+#define VL FA_VL
+#define VNAME(name) SFX(name)
+#include "common/kern_lanes.h"
+#ifdef KB_WIDE
+#define V vw
+#define VOP(op) vw_##op
+#define VIOP(op) vwi_##op
+#define VL (2 * FA_VL)
+#define VNAME(name) SFX(name##_w)
+#include "common/kern_lanes.h"
+#endif
 
 /* ---- matrix product ------------------------------------------------------ */
 
@@ -327,49 +298,19 @@ static void SFX(gemm)(const fa_gemm *g) {
 
 /* ---- softmax ------------------------------------------------------------- */
 
-static inline __attribute__((always_inline)) vf SFX(vexpb)(const int E2, vf x) {
-  return E2 ? SFX(vexp2)(x) : SFX(vexp)(x);
-}
-
-/* softmax_cols in base 2 (E2) or base e (decode's scores are natural units) */
+/* softmax_cols in base 2 (E2) or base e (decode's scores are natural units),
+ * 16 columns at a time where the vectors have them: each column is a lane,
+ * so the width changes no bit */
 static inline __attribute__((always_inline)) void SFX(softmax_cols_base)(const int E2, float *ST,
                                                                          int64_t lds, int64_t nc,
                                                                          int64_t ncol, float *m,
                                                                          float *l, float *alpha) {
-  const vf ninf = vf_set1(-INFINITY), zero = vf_set1(0.0f);
-  for (int64_t i = 0; i < ncol; i += FA_VL) {
-    const vf mo = vf_load(m + i);
-    vf mx = mo, mx2 = mo;
-    int64_t j = 0;
-    for (; j + 2 <= nc; j += 2) { /* two chains: max latency, not throughput, binds */
-      mx = vf_max(vf_load(ST + j * lds + i), mx);
-      mx2 = vf_max(vf_load(ST + (j + 1) * lds + i), mx2);
-    }
-    if (j < nc) mx = vf_max(vf_load(ST + j * lds + i), mx);
-    mx = vf_max(mx2, mx);
-    /* exponents relative to 0 while a column has seen no finite score */
-    const vf mref = vf_sel_eq(mx, ninf, zero, mx);
-    vf sum = zero, sum2 = zero;
-    for (j = 0; j + 2 <= nc; j += 2) {
-      float *s0 = ST + j * lds + i, *s1 = s0 + lds;
-      const vf p0 = SFX(vexpb)(E2, vf_sub(vf_load(s0), mref));
-      const vf p1 = SFX(vexpb)(E2, vf_sub(vf_load(s1), mref));
-      vf_store(s0, p0);
-      vf_store(s1, p1);
-      sum = vf_add(sum, p0);
-      sum2 = vf_add(sum2, p1);
-    }
-    if (j < nc) {
-      float *s0 = ST + j * lds + i;
-      const vf p0 = SFX(vexpb)(E2, vf_sub(vf_load(s0), mref));
-      vf_store(s0, p0);
-      sum = vf_add(sum, p0);
-    }
-    const vf al = SFX(vexpb)(E2, vf_sub(mo, mref));
-    vf_store(alpha + i, al);
-    vf_store(l + i, vf_fma(al, vf_load(l + i), vf_add(sum, sum2)));
-    vf_store(m + i, mx);
-  }
+  int64_t i = 0;
+#ifdef KB_WIDE
+  for (; i + 2 * FA_VL <= ncol; i += 2 * FA_VL)
+    SFX(softmax_chunk_w)(E2, ST + i, lds, nc, m + i, l + i, alpha + i);
+#endif
+  for (; i < ncol; i += FA_VL) SFX(softmax_chunk)(E2, ST + i, lds, nc, m + i, l + i, alpha + i);
 }
 
 static void SFX(softmax_cols)(float *ST, int64_t lds, int64_t nc, int64_t ncol, float *m, float *l,

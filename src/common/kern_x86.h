@@ -68,6 +68,20 @@ static inline void vw_store(float *p, vw v) { _mm512_storeu_ps(p, v); }
 static inline vw vw_set1(float x) { return _mm512_set1_ps(x); }
 static inline vw vw_mul(vw a, vw b) { return _mm512_mul_ps(a, b); }
 static inline vw vw_fma(vw a, vw b, vw c) { return _mm512_fmadd_ps(a, b, c); }
+/* and for the softmax's chunks of 16 columns (kern_lanes.h): vf's semantics */
+typedef __m512i vwi;
+static inline vw vw_add(vw a, vw b) { return _mm512_add_ps(a, b); }
+static inline vw vw_sub(vw a, vw b) { return _mm512_sub_ps(a, b); }
+static inline vw vw_max(vw a, vw b) { return _mm512_max_ps(a, b); }
+static inline vw vw_min(vw a, vw b) { return _mm512_min_ps(a, b); }
+static inline vw vw_sel_eq(vw x, vw y, vw a, vw b) {
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, y, _CMP_EQ_OQ), b, a);
+}
+static inline vwi vw_bits(vw x) { return _mm512_castps_si512(x); }
+static inline vw vw_from_bits(vwi u) { return _mm512_castsi512_ps(u); }
+static inline vwi vwi_add_shl23(vwi u, unsigned k) {
+  return _mm512_slli_epi32(_mm512_add_epi32(u, _mm512_set1_epi32((int)k)), 23);
+}
 #endif
 
 static inline vf vf_sum8(const vf *v) {

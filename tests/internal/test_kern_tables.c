@@ -5,7 +5,8 @@
  * heights, one to six panel vectors, panel pairs, strided and transposed A,
  * alpha, beta with and without a row scale, and per-row key ranges (klo,
  * khi) that split rows between a tile and its own tail. Each C is also
- * checked against a float64 product. Internal: it links the tables. */
+ * checked against a float64 product. So must the online softmax's column
+ * chunks (softmax_cols, softmax_step_cols). Internal: it links the tables. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,6 +111,66 @@ int main(void) {
     }
     cases++;
     free(a), free(b), free(c0), free(c1), free(want);
+  }
+  /* The online softmax over column chunks (softmax_cols in base 2,
+   * softmax_step_cols in base e): every table bitwise the AVX2 one's ST, m,
+   * l and alpha, the AVX2 one against float64; columns of -inf (never a
+   * finite score) and running states of -inf included. */
+  for (int it = 0; it < 2000; it++) {
+    const int64_t nc = 1 + pick(70), ncol = FA_VL * (1 + pick(6)), lds = ncol + FA_VL * pick(2);
+    const int e2 = pick(2);
+    const size_t nst = (size_t)(nc * lds), nv = (size_t)ncol;
+    float *st0 = malloc(sizeof(float) * nst), *st1 = malloc(sizeof(float) * nst);
+    float st[3][64 * 4]; /* m, l, alpha of the table under test; [0]: before */
+    float *m0 = st[0], *l0 = st[0] + 64, *m1 = st[1], *l1 = st[1] + 64, *a1 = st[1] + 128;
+    for (size_t q = 0; q < nv; q++) {
+      m0[q] = pick(4) == 0 ? -INFINITY : 8 * rnd();
+      l0[q] = m0[q] == -INFINITY ? 0.0f : 1 + 4 * (rnd() + 0.5f);
+    }
+    const int64_t dead = pick(ncol); /* a column with no finite score (if its m is -inf) */
+    for (int64_t j = 0; j < nc; j++)
+      for (int64_t q = 0; q < lds; q++)
+        st0[j * lds + q] = q == dead || pick(6) == 0 ? -INFINITY : 30 * rnd();
+    void (*sm)(float *, int64_t, int64_t, int64_t, float *, float *, float *) =
+        e2 ? fa_kern_avx2.softmax_cols : fa_kern_avx2.softmax_step_cols;
+    memcpy(st1, st0, sizeof(float) * nst);
+    memcpy(m1, m0, sizeof(float) * 128);
+    sm(st1, lds, nc, ncol, m1, l1, a1);
+    for (int64_t q = 0; q < ncol; q++) { /* float64: the state, then the chunk */
+      double mx = m0[q], sum = 0;
+      for (int64_t j = 0; j < nc; j++) mx = st0[j * lds + q] > mx ? st0[j * lds + q] : mx;
+      const double mref = mx == -INFINITY ? 0 : mx, base = e2 ? 2.0 : exp(1.0);
+      int bad = m1[q] != (float)mx;
+      for (int64_t j = 0; j < nc; j++) {
+        /* of the difference as rounded to float32, as the kernels take it */
+        const double pj = pow(base, (float)(st0[j * lds + q] - (float)mref));
+        sum += pj;
+        bad |= fabs(st1[j * lds + q] - pj) > 4e-7 * pj + 1e-30;
+      }
+      const double al = pow(base, (float)(m0[q] - (float)mref)), lw = al * l0[q] + sum;
+      bad |= fabs(a1[q] - al) > 4e-7 * al + 1e-30 || fabs(l1[q] - lw) > 2e-6 * lw + 1e-30;
+      if (bad) {
+        if (fail++ < 10)
+          printf("FAIL avx2 softmax (e2 %d) vs float64: nc %ld ncol %ld column %ld\n", e2, (long)nc,
+                 (long)ncol, (long)q);
+        break;
+      }
+    }
+    cases++;
+    for (int t = 0; t < ntab; t++) {
+      float *s2 = malloc(sizeof(float) * nst), *m2 = st[2], *l2 = st[2] + 64, *a2 = st[2] + 128;
+      memcpy(s2, st0, sizeof(float) * nst);
+      memcpy(m2, m0, sizeof(float) * 128);
+      (e2 ? tabs[t]->softmax_cols : tabs[t]->softmax_step_cols)(s2, lds, nc, ncol, m2, l2, a2);
+      cases++;
+      if ((memcmp(s2, st1, sizeof(float) * nst) || memcmp(m2, m1, sizeof(float) * nv) ||
+           memcmp(l2, l1, sizeof(float) * nv) || memcmp(a2, a1, sizeof(float) * nv)) &&
+          fail++ < 10)
+        printf("FAIL %s softmax (e2 %d) differs bitwise from avx2: nc %ld ncol %ld\n", tabs[t]->isa,
+               e2, (long)nc, (long)ncol);
+      free(s2);
+    }
+    free(st0), free(st1);
   }
   printf("test_kern_tables (%d tables beside avx2): %d passed, %d failed\n", ntab, cases - fail,
          fail);

@@ -46,6 +46,7 @@ typedef struct fa_gemm {
 
 typedef struct fa_kern {
   const char *isa; /* "avx512", "avx512vl", "avx2" or "portable" */
+  int tile_lanes;  /* lanes of the matrix product's register tiles: 16 or FA_VL */
 
   void (*gemm)(const fa_gemm *g);
 

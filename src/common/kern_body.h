@@ -1005,6 +1005,11 @@ static void SFX(dropout)(float *X, int64_t rs, int64_t cs, int64_t nr, int64_t n
 
 const fa_kern SFX(fa_kern) = {
     KB_ISA,
+#ifdef KB_WIDE
+    2 * FA_VL,
+#else
+    FA_VL,
+#endif
     SFX(gemm),
     SFX(softmax_cols),
     SFX(softmax_rows),

@@ -205,7 +205,11 @@ static inline void cpu_kv_step(cpu_kv_cursor *cu, int64_t n) {
  * divides D's vectors (the products then run 6x2 or 4x3 register tiles). */
 static inline int cpu_dbw(const cpu_ctx *c) {
   const int64_t nv = c->Dp / FA_VL;
-  return nv % 2 != 0 && nv % 3 == 0 ? 3 * FA_VL : 2 * FA_VL;
+  /* not on 16-lane tiles: a row of a 24-column panel then takes a 512-bit
+   * and a 256-bit FMA, which cores with full-width 512-bit units (Zen 5,
+   * Intel's) run at the cost of two 512-bit ones (D = 72 on a Zen 5: 0.63 of
+   * the peak with them, 0.76 with 16-column panels) */
+  return c->kn->tile_lanes == FA_VL && nv % 2 != 0 && nv % 3 == 0 ? 3 * FA_VL : 2 * FA_VL;
 }
 
 /* 1 if some element of rows [r0, r0+nr) x keys [c0, c0+nc) is masked. Visible

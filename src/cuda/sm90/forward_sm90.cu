@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include <numeric>
+#include <type_traits>
 
 #include "../forward_kernel.cuh"
 #include "schedule.cuh"
@@ -516,6 +517,8 @@ __device__ __forceinline__ void fwd_mask(float (&s)[FwdCtx<D, NWG, KB, DECODE, P
                                          const FwdCtx<D, NWG, KB, DECODE, PAGED> &c,
                                          const FwdBlock &k, int n, int wrow, int g, int t) {
   constexpr int BC = FwdCtx<D, NWG, KB, DECODE, PAGED>::BC;
+  /* 64-bit at D = 256: its narrow kernels spill 8-16 bytes with 32-bit bands */
+  using Band = std::conditional_t<D == 256, int64_t, int>;
   if constexpr (FwdShape<D, NWG, KB>::WIDE) { /* no band: the columns past the keys */
 #pragma unroll
     for (int jj = 0; jj < BC / 8; ++jj)
@@ -528,12 +531,17 @@ __device__ __forceinline__ void fwd_mask(float (&s)[FwdCtx<D, NWG, KB, DECODE, P
       int64_t lo, hi;
       const int lr = wrow + g + 8 * rr;
       fa_mask_row_range(&k.mk, k.r0 + (DECODE ? lr & (c.rq - 1) : lr), &lo, &hi);
+      /* the row's band relative to this thread's first column c0, clamped
+       * to the tile: the per-element compares are 32-bit (Band) */
+      const int64_t c0 = (int64_t)n * BC + 2 * t;
+      const Band a = (Band)min(max(lo - c0, (int64_t)0), (int64_t)BC);
+      const Band b = (Band)min(max(hi - c0, (int64_t)0), (int64_t)BC);
 #pragma unroll
       for (int jj = 0; jj < BC / 8; ++jj)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int col = n * BC + jj * 8 + 2 * t + e;
-          if (col < lo || col >= hi) s[jj][2 * rr + e] = -INFINITY;
+          const int off = jj * 8 + e;
+          if (off < a || off >= b) s[jj][2 * rr + e] = -INFINITY;
         }
     }
   }

@@ -87,6 +87,7 @@ struct FwdParams {
   FwdArgs a;
   CUtensorMap tq, tk, tv; /* (d, seqlen, heads, batch) boxes of 64 columns */
   Schedule sched;         /* query blocks per (sequence, head), in launch order */
+  FastDiv by_nsplit;      /* a decode schedule's heads are (head, split) pairs */
   int box;                /* a paged cache: rows per K/V box, gcd(page size, BC) */
   int kv_rows;            /* a KV cache's map: rows from one sequence to the next */
 };
@@ -180,8 +181,9 @@ struct FwdSetup {
     P.sched.decode(t, x, k.h, k.b);
     k.sp = 0;
     if (DECODE) { /* the schedule's heads are (head, split) pairs */
-      k.sp = k.h % p.nsplit;
-      k.h /= p.nsplit;
+      const int h = P.by_nsplit.div(k.h);
+      k.sp = k.h - h * p.nsplit;
+      k.h = h;
     }
     k.h *= pack;
     constexpr int KV = PAGED ? kSeqAdd | kSeqPaged : kSeqAdd;
@@ -822,10 +824,9 @@ fa_status fwd_launch_as(const FwdArgs &a, cudaStream_t stream) {
   auto kernel = fwd_kernel<T, D, NWG, KB, DECODE, PAGED, PW>;
   static bool attr_done = false;
   if ((st = smem_limit_once(kernel, smem, attr_done)) != FA_OK) return st;
-  prm.sched.nblk = (a.max_seqlen_q + rq - 1) / rq;
-  prm.sched.heads = a.heads_q / pack * (DECODE ? a.nsplit : 1);
-  prm.sched.batch = a.batch;
-  prm.sched.next = a.sched;
+  prm.sched.set((a.max_seqlen_q + rq - 1) / rq, a.heads_q / pack * (DECODE ? a.nsplit : 1),
+                a.batch, a.sched);
+  prm.by_nsplit = FastDiv::make(DECODE ? a.nsplit : 1);
   const int64_t blocks = (int64_t)prm.sched.nblk * prm.sched.heads * a.batch;
   const int ctas = persistent_ctas(blocks, a.sm_margin);
   if (blocks == 0) return FA_OK;

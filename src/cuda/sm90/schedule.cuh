@@ -20,9 +20,33 @@
 namespace fa {
 namespace sm90 {
 
+/* Division by a divisor fixed at launch, without the divide instruction
+ * sequence (a multiply-high, an add and a shift): for 0 <= n < 2^31 and
+ * 1 <= d < 2^31, with s = ceil(log2 d) and m = floor(2^32 (2^s - d) / d) + 1,
+ * n / d = (umulhi(n, m) + n) >> s (Granlund and Montgomery; the sum stays
+ * under 2^32 as n < 2^31). */
+struct FastDiv {
+  uint32_t m;
+  int s;
+  static FastDiv make(int d) {
+    FastDiv f;
+    if (d < 1) d = 1; /* an empty launch's: never divided by */
+    f.s = 0;
+    while ((1ull << f.s) < (uint64_t)d) ++f.s;
+    f.m = (uint32_t)(((1ull << 32) * ((1ull << f.s) - (uint64_t)d)) / (uint64_t)d + 1);
+    return f;
+  }
+#ifdef __CUDACC__
+  __device__ __forceinline__ int div(int n) const {
+    return (int)((__umulhi((uint32_t)n, m) + (uint32_t)n) >> s);
+  }
+#endif
+};
+
 struct Schedule {
   int nblk, heads, batch; /* blocks per (sequence, head), heads, sequences */
-  int *next;              /* blocks taken past the first gridDim.x; zero at launch (if read) */
+  FastDiv by_nblk, by_heads;
+  int *next; /* blocks taken past the first gridDim.x; zero at launch (if read) */
 
   __device__ __forceinline__ int total() const { return nblk * heads * batch; }
   /* The block after this CTA's current one (the first is blockIdx.x). With
@@ -35,10 +59,15 @@ struct Schedule {
    * the launch checks that the blocks fit (64-bit division would spill the
    * producer warp's few registers). */
   __device__ __forceinline__ void decode(int t, int &x, int &h, int &b) const {
-    const int rest = t / nblk;
+    const int rest = by_nblk.div(t);
     x = t - rest * nblk;
-    h = rest % heads;
-    b = rest / heads;
+    b = by_heads.div(rest);
+    h = rest - b * heads;
+  }
+  void set(int nblk_, int heads_, int batch_, int *next_) {
+    nblk = nblk_, heads = heads_, batch = batch_, next = next_;
+    by_nblk = FastDiv::make(nblk_);
+    by_heads = FastDiv::make(heads_);
   }
 };
 

@@ -78,8 +78,11 @@ struct FwdShape {
    * (docs/PERF.md, "GPU forward"). Warpgroup 1's last arrival is left
    * pending at exit (barrier state does not outlive the CTA). */
   static constexpr bool OVERLAP = D == 128 || (D > 128 && WIDE);
+  /* the turns of two consumer warpgroups (a decode kernel may have one) */
+  static constexpr bool PINGPONG = OVERLAP && NWG == 2;
   /* the producer walks the schedule too: 24 registers spill */
-  static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = NWG == 2 ? 232 : 152;
+  static constexpr int PRODUCER_REGS = NWG == 1 ? 64 : 40,
+                       CONSUMER_REGS = NWG == 1 ? 240 : NWG == 2 ? 232 : 152;
   static_assert(regs_split_fits(NWG + 1, PRODUCER_REGS, CONSUMER_REGS), "registers fit");
 };
 
@@ -626,10 +629,10 @@ __device__ __forceinline__ void fwd_tiles(const FwdParams &P,
    * turn is the other's arrival at kernel start, each later one that of
    * its last issue, also across blocks: both walk the same tiles). */
   auto turn_take = [&]() {
-    if (S::OVERLAP) named_sync(2 + wg, NC);
+    if (S::PINGPONG) named_sync(2 + wg, NC);
   };
   auto turn_give = [&]() {
-    if (S::OVERLAP) named_arrive(3 - wg, NC);
+    if (S::PINGPONG) named_arrive(3 - wg, NC);
   };
   /* S of stage st and the pending tile's P V, in this warpgroup's turn */
   auto issue_both = [&](float(&s)[BC / 8][4], int st) {
@@ -701,7 +704,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdParams &P,
 
   FwdBlock k;
   int i = 0;                                      /* visited tiles so far: the ring's position */
-  if (S::OVERLAP && wg == 1) named_arrive(2, NC); /* warpgroup 0 issues first */
+  if (S::PINGPONG && wg == 1) named_arrive(2, NC); /* warpgroup 0 issues first */
   for (int j = 0;; ++j) {
     const int qs = j % QST;
     mbar_wait(c.q_full(qs), (j / QST) & 1);
@@ -947,11 +950,21 @@ template <typename T>
 fa_status sm90_forward(const FwdArgs &a, cudaStream_t s) {
   /* decode shapes: keys split (FwdArgs::nsplit), GQA heads packed
    * (FwdArgs::pack) */
-  if (a.nsplit > 1 || a.pack > 1)
+  if (a.nsplit > 1 || a.pack > 1) {
+    /* one consumer warpgroup where a 128-row block would hold 64 query rows
+     * or fewer (a GQA group's heads at a decode step): the other's products
+     * are all padding */
+    const bool one = a.pack > 1 && a.pack << pack_rows_log2(a.pack, a.max_seqlen_q, 128) <= 64;
+    if (one)
+      return a.d > 192   ? sm90::fwd_launch<T, 256, 1, true>(a, s)
+             : a.d > 128 ? sm90::fwd_launch<T, 192, 1, true>(a, s)
+             : a.d > 64  ? sm90::fwd_launch<T, 128, 1, true>(a, s)
+                         : sm90::fwd_launch<T, 64, 1, true>(a, s);
     return a.d > 192   ? sm90::fwd_launch<T, 256, 2, true>(a, s)
            : a.d > 128 ? sm90::fwd_launch<T, 192, 2, true>(a, s)
            : a.d > 64  ? sm90::fwd_launch<T, 128, 2, true>(a, s)
                        : sm90::fwd_launch<T, 64, 2, true>(a, s);
+  }
   /* wide key tiles (fwd_bc) where every tile but the last is wholly
    * visible and there are enough of them */
   const int64_t keys = a.cu_q ? a.max_seqlen_k : a.nk;

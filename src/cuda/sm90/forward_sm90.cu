@@ -57,8 +57,8 @@ constexpr int fwd_bc(int d, bool wide) {
 
 /* NWG consumer warpgroups of 64 query rows: 2 at D = 128, 3 at D = 64 where
  * sm90_forward chooses it (FlashAttention-3's D = 64 shape: the products are
- * half as long, and a third warpgroup keeps the tensor cores fed); key tiles
- * of BC_ rows (fwd_bc). */
+ * half as long, and a third warpgroup keeps the tensor cores fed), 1 for
+ * decode blocks of 64 rows or fewer; key tiles of BC_ rows (fwd_bc). */
 template <int D, int NWG_, int BC_>
 struct FwdShape {
   static constexpr int NWG = NWG_, BR = 64 * NWG, BC = BC_, ST = 2;
@@ -80,7 +80,9 @@ struct FwdShape {
   static constexpr bool OVERLAP = D == 128 || (D > 128 && WIDE);
   /* the turns of two consumer warpgroups (a decode kernel may have one) */
   static constexpr bool PINGPONG = OVERLAP && NWG == 2;
-  /* the producer walks the schedule too: 24 registers spill */
+  /* the producer walks the schedule too: 24 registers spill; with one
+   * consumer warpgroup there are registers to spare (at 40, 232 the D = 192
+   * paged decode kernel spilled 4 bytes) */
   static constexpr int PRODUCER_REGS = NWG == 1 ? 64 : 40,
                        CONSUMER_REGS = NWG == 1 ? 240 : NWG == 2 ? 232 : 152;
   static_assert(regs_split_fits(NWG + 1, PRODUCER_REGS, CONSUMER_REGS), "registers fit");

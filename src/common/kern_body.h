@@ -36,14 +36,12 @@
 #define V vf
 #define VOP(op) vf_##op
 #define VIOP(op) vi_##op
-#define VL FA_VL
 #define VNAME(name) SFX(name)
 #include "common/kern_lanes.h"
 #ifdef KB_WIDE
 #define V vw
 #define VOP(op) vw_##op
 #define VIOP(op) vwi_##op
-#define VL (2 * FA_VL)
 #define VNAME(name) SFX(name##_w)
 #include "common/kern_lanes.h"
 #endif

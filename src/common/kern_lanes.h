@@ -1,7 +1,7 @@
 /* Kernels written once over a vector type, included by kern_body.h once per
  * width: V (vf, or vw where the ISA has 16-lane vectors), VOP(op) its
  * operations (kern_body.h's list, vf_ or vw_), VIOP(op) those of its
- * integer lanes, VL its lanes, VNAME(name) the names to give. Every lane
+ * integer lanes, VNAME(name) the names to give. Every lane
  * computes what it would in the other width, so both give the same bits.
  * No include guard: the macros are undefined at the end. */
 
@@ -53,13 +53,16 @@ static inline V VNAME(vexp2)(V x) {
                   VOP(from_bits)(VIOP(add_shl23)(VOP(bits)(t), 0))); /* the shift drops the rest */
 }
 
-/* The online softmax of one chunk of VL columns of ST (keys x query
- * rows: nc keys, ld lds), each a query row, m, l and alpha its state: the
- * chunk's column maxima, m := max(m, them); ST := 2^(ST - m) (E2) or
- * e^(ST - m); alpha := 2^(m_old - m); l := alpha l + the column sums. */
+/* 2^x (E2) or e^x */
 static inline __attribute__((always_inline)) V VNAME(vexpb)(const int E2, V x) {
   return E2 ? VNAME(vexp2)(x) : VNAME(vexp)(x);
 }
+
+/* The online softmax of one chunk of columns of ST (keys x query rows: nc
+ * keys, ld lds; a column per lane), each a query row, m, l and alpha its
+ * state: m := max(m, the column's scores); ST := 2^(ST - m) (E2) or
+ * e^(ST - m); alpha := 2^(m_old - m) (or e^); l := alpha l + the column's
+ * sum. */
 
 static inline __attribute__((always_inline)) void VNAME(softmax_chunk)(const int E2, float *ST,
                                                                        int64_t lds, int64_t nc,
@@ -102,5 +105,4 @@ static inline __attribute__((always_inline)) void VNAME(softmax_chunk)(const int
 #undef V
 #undef VOP
 #undef VIOP
-#undef VL
 #undef VNAME

@@ -881,6 +881,16 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream, bool wide = false) {
   return fwd_launch_as<T, D, NWG, KB, DECODE, true, 1>(a, stream);
 }
 
+/* The decode kernel of a's head dim (padded to 64, 128, 192 or 256) with
+ * NWG consumer warpgroups */
+template <typename T, int NWG>
+fa_status fwd_launch_decode(const FwdArgs &a, cudaStream_t stream) {
+  return a.d > 192   ? fwd_launch<T, 256, NWG, true>(a, stream)
+         : a.d > 128 ? fwd_launch<T, 192, NWG, true>(a, stream)
+         : a.d > 64  ? fwd_launch<T, 128, NWG, true>(a, stream)
+                     : fwd_launch<T, 64, NWG, true>(a, stream);
+}
+
 }  // namespace sm90
 
 int64_t sm90::kv_map_rows(const AttnArgs &a) {
@@ -957,15 +967,7 @@ fa_status sm90_forward(const FwdArgs &a, cudaStream_t s) {
      * or fewer (a GQA group's heads at a decode step): the other's products
      * are all padding */
     const bool one = a.pack > 1 && a.pack << pack_rows_log2(a.pack, a.max_seqlen_q, 128) <= 64;
-    if (one)
-      return a.d > 192   ? sm90::fwd_launch<T, 256, 1, true>(a, s)
-             : a.d > 128 ? sm90::fwd_launch<T, 192, 1, true>(a, s)
-             : a.d > 64  ? sm90::fwd_launch<T, 128, 1, true>(a, s)
-                         : sm90::fwd_launch<T, 64, 1, true>(a, s);
-    return a.d > 192   ? sm90::fwd_launch<T, 256, 2, true>(a, s)
-           : a.d > 128 ? sm90::fwd_launch<T, 192, 2, true>(a, s)
-           : a.d > 64  ? sm90::fwd_launch<T, 128, 2, true>(a, s)
-                       : sm90::fwd_launch<T, 64, 2, true>(a, s);
+    return one ? sm90::fwd_launch_decode<T, 1>(a, s) : sm90::fwd_launch_decode<T, 2>(a, s);
   }
   /* wide key tiles (fwd_bc) where every tile but the last is wholly
    * visible and there are enough of them */

@@ -83,8 +83,8 @@ struct FwdShape {
   /* the producer walks the schedule too: 24 registers spill; with one
    * consumer warpgroup there are registers to spare (at 40, 232 the D = 192
    * paged decode kernel spilled 4 bytes) */
-  static constexpr int PRODUCER_REGS = NWG == 1 ? 64 : 40,
-                       CONSUMER_REGS = NWG == 1 ? 240 : NWG == 2 ? 232 : 152;
+  static constexpr int PRODUCER_REGS = NWG == 1 ? 64 : 40;
+  static constexpr int CONSUMER_REGS = NWG == 1 ? 240 : NWG == 2 ? 232 : 152;
   static_assert(regs_split_fits(NWG + 1, PRODUCER_REGS, CONSUMER_REGS), "registers fit");
 };
 
@@ -705,7 +705,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdParams &P,
   const FwdThread th{ctid, wg, lane, g, t, wrow, P.a.scale_log2};
 
   FwdBlock k;
-  int i = 0;                                      /* visited tiles so far: the ring's position */
+  int i = 0;                                       /* visited tiles so far: the ring's position */
   if (S::PINGPONG && wg == 1) named_arrive(2, NC); /* warpgroup 0 issues first */
   for (int j = 0;; ++j) {
     const int qs = j % QST;
@@ -829,8 +829,8 @@ fa_status fwd_launch_as(const FwdArgs &a, cudaStream_t stream) {
   auto kernel = fwd_kernel<T, D, NWG, KB, DECODE, PAGED, PW>;
   static bool attr_done = false;
   if ((st = smem_limit_once(kernel, smem, attr_done)) != FA_OK) return st;
-  prm.sched.set((a.max_seqlen_q + rq - 1) / rq, a.heads_q / pack * (DECODE ? a.nsplit : 1),
-                a.batch, a.sched);
+  prm.sched.set((a.max_seqlen_q + rq - 1) / rq, a.heads_q / pack * (DECODE ? a.nsplit : 1), a.batch,
+                a.sched);
   prm.by_nsplit = FastDiv::make(DECODE ? a.nsplit : 1);
   const int64_t blocks = (int64_t)prm.sched.nblk * prm.sched.heads * a.batch;
   const int ctas = persistent_ctas(blocks, a.sm_margin);

@@ -863,9 +863,8 @@ bool sm90_backward_covers(const BwdArgs &a) {
 
 template <typename T>
 fa_status sm90_backward(const BwdArgs &a, cudaStream_t s) {
-  if (a.d > 192) return sm90::bwd_launch<T, 256>(a, s);
-  if (a.d > 128) return sm90::bwd_launch<T, 192>(a, s);
-  return a.d <= 64 ? sm90::bwd_launch<T, 64>(a, s) : sm90::bwd_launch<T, 128>(a, s);
+  return sm90::dispatch_headdim(
+      a.d, [&](auto dd) { return sm90::bwd_launch<T, decltype(dd)::value>(a, s); });
 }
 template fa_status sm90_backward<__half>(const BwdArgs &, cudaStream_t);
 template fa_status sm90_backward<__nv_bfloat16>(const BwdArgs &, cudaStream_t);

@@ -881,14 +881,11 @@ fa_status fwd_launch(const FwdArgs &a, cudaStream_t stream, bool wide = false) {
   return fwd_launch_as<T, D, NWG, KB, DECODE, true, 1>(a, stream);
 }
 
-/* The decode kernel of a's head dim (padded to 64, 128, 192 or 256) with
- * NWG consumer warpgroups */
+/* The decode kernel of a's head dim with NWG consumer warpgroups */
 template <typename T, int NWG>
 fa_status fwd_launch_decode(const FwdArgs &a, cudaStream_t stream) {
-  return a.d > 192   ? fwd_launch<T, 256, NWG, true>(a, stream)
-         : a.d > 128 ? fwd_launch<T, 192, NWG, true>(a, stream)
-         : a.d > 64  ? fwd_launch<T, 128, NWG, true>(a, stream)
-                     : fwd_launch<T, 64, NWG, true>(a, stream);
+  return dispatch_headdim(
+      a.d, [&](auto dd) { return fwd_launch<T, decltype(dd)::value, NWG, true>(a, stream); });
 }
 
 }  // namespace sm90
@@ -958,6 +955,20 @@ static bool band_free(const FwdArgs &a) {
  * ones do not (1.14x at 1024 keys, 1.04x at 512) */
 constexpr int64_t wide_min_keys(int d) { return d > 192 ? 1024 : 2048; }
 
+/* D = 64: 192-row blocks (three warpgroups) gain 4-19% per cell, except
+ * under block masks (their 128-row blocks would be straddled) and where a
+ * causal or window band leaves the rows under 4096 keys: a 192-row block's
+ * diagonal tiles, computed whole though wholly masked for some of its
+ * warpgroups, then cost more than the third warpgroup gains (causal
+ * N = 512-2048: 3-18% slower; docs/PERF.md "CUDA forward"). Skipping those
+ * tiles per warpgroup, a branch in the tile loop, cost 10% everywhere. */
+static bool three_warpgroups(const FwdArgs &a) {
+  int64_t band = a.cu_q ? a.max_seqlen_q : a.nk;
+  if (a.window_enabled && a.window_left >= 0 && a.window_right >= 0)
+    band = std::min(band, a.window_left + a.window_right + 1);
+  return !a.bmask && (!(a.causal || a.window_enabled) || band >= 4096);
+}
+
 template <typename T>
 fa_status sm90_forward(const FwdArgs &a, cudaStream_t s) {
   /* decode shapes: keys split (FwdArgs::nsplit), GQA heads packed
@@ -973,21 +984,14 @@ fa_status sm90_forward(const FwdArgs &a, cudaStream_t s) {
    * visible and there are enough of them */
   const int64_t keys = a.cu_q ? a.max_seqlen_k : a.nk;
   const bool wide = band_free(a) && !a.bmask && !a.block_table && keys >= wide_min_keys(a.d);
-  if (a.d > 192) return sm90::fwd_launch<T, 256, 2>(a, s, wide);
-  if (a.d > 128) return sm90::fwd_launch<T, 192, 2>(a, s, wide);
-  if (a.d > 64) return sm90::fwd_launch<T, 128, 2>(a, s, wide);
-  /* D = 64: 192-row blocks (three warpgroups) gain 4-19% per cell, except
-   * under block masks (their 128-row blocks would be straddled) and where a
-   * causal or window band leaves the rows under 4096 keys: a 192-row block's
-   * diagonal tiles, computed whole though wholly masked for some of its
-   * warpgroups, then cost more than the third warpgroup gains (causal
-   * N = 512-2048: 3-18% slower; docs/PERF.md "CUDA forward"). Skipping those
-   * tiles per warpgroup, a branch in the tile loop, cost 10% everywhere. */
-  int64_t band = a.cu_q ? a.max_seqlen_q : a.nk;
-  if (a.window_enabled && a.window_left >= 0 && a.window_right >= 0)
-    band = std::min(band, a.window_left + a.window_right + 1);
-  const bool three = !a.bmask && (!(a.causal || a.window_enabled) || band >= 4096);
-  return three ? sm90::fwd_launch<T, 64, 3>(a, s) : sm90::fwd_launch<T, 64, 2>(a, s);
+  return sm90::dispatch_headdim(a.d, [&](auto dd) {
+    constexpr int D = decltype(dd)::value;
+    if constexpr (D == 64)
+      return three_warpgroups(a) ? sm90::fwd_launch<T, 64, 3>(a, s)
+                                 : sm90::fwd_launch<T, 64, 2>(a, s);
+    else
+      return sm90::fwd_launch<T, D, 2>(a, s, wide);
+  });
 }
 template fa_status sm90_forward<__half>(const FwdArgs &, cudaStream_t);
 template fa_status sm90_forward<__nv_bfloat16>(const FwdArgs &, cudaStream_t);

@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "backend.h"
 
 namespace fa {
@@ -35,6 +37,23 @@ template <typename T>
 fa_status sm90_backward(const BwdArgs &a, cudaStream_t s);
 
 namespace sm90 {
+/* The Hopper kernels' head dims: d (33..256) padded to 64, 128, 192 or 256
+ * columns (the tensor maps fill the columns past d with zeros). */
+constexpr int headdim(int64_t d) { return d > 192 ? 256 : d > 128 ? 192 : d > 64 ? 128 : 64; }
+/* Calls f(std::integral_constant<int, D>()) for d's padded head dim D. */
+template <class F>
+fa_status dispatch_headdim(int64_t d, F &&f) {
+  switch (headdim(d)) {
+    case 64:
+      return f(std::integral_constant<int, 64>());
+    case 128:
+      return f(std::integral_constant<int, 128>());
+    case 192:
+      return f(std::integral_constant<int, 192>());
+    default:
+      return f(std::integral_constant<int, 256>());
+  }
+}
 /* Tensor map of a (batch, seqlen, heads, d) 16-bit tensor with element strides
  * sb, ss, sh: boxes of 64 columns x box_rows rows (x box_heads heads, stacked
  * head after head), 128-byte swizzle (the SW128 tile layout of wgmma.cuh),

@@ -199,10 +199,12 @@ fa_status flash_forward(const fa_problem *pb) {
   a.part_lse = (float *)parts;
   a.part_o = (float *)(parts + fwd_lse_part_bytes(pb, a.nsplit));
   cudaStream_t s = (cudaStream_t)pb->stream;
-  /* the KV-cache call: its preparation (rotated q, appended rows) first; the
-   * attention launches as its programmatic dependent where the GPU can */
+  /* The attention launches as a programmatic dependent where the GPU can:
+   * its blocks start as the stream's previous kernel ends, and wait for it
+   * before they read or write memory. The KV-cache call's preparation
+   * (rotated q, appended rows) comes first. */
+  a.pdl = pdl_device();
   if (pb->kv && (pb->kv->rotary_cos || pb->k_new.data)) {
-    a.pdl = pdl_device();
     const fa_status st = fa::kvcache_prepare(pb, s);
     if (st != FA_OK) return st;
   }

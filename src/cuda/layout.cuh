@@ -81,23 +81,21 @@ inline void fill_common_args(AttnArgs &a, const fa_problem *pb) {
   a.sm_margin = pb->sm_margin;
 }
 
+/* Calls f(std::integral_constant<int, D>()) for the D of the list equal to
+ * dp (the last one where none is). */
+template <int D, int... More, class F>
+fa_status dispatch_dim(int dp, F &&f) {
+  if constexpr (sizeof...(More) == 0)
+    return f(std::integral_constant<int, D>());
+  else
+    return dp == D ? f(std::integral_constant<int, D>())
+                   : dispatch_dim<More...>(dp, std::forward<F>(f));
+}
+
 /* Calls f(std::integral_constant<int, Dp>()) for the padded head dim Dp of d. */
 template <class F>
 fa_status dispatch_headdim(int64_t d, F &&f) {
-  switch (padded_headdim(d)) {
-    case 32:
-      return f(std::integral_constant<int, 32>());
-    case 64:
-      return f(std::integral_constant<int, 64>());
-    case 96:
-      return f(std::integral_constant<int, 96>());
-    case 128:
-      return f(std::integral_constant<int, 128>());
-    case 192:
-      return f(std::integral_constant<int, 192>());
-    default:
-      return f(std::integral_constant<int, 256>());
-  }
+  return dispatch_dim<32, 64, 96, 128, 192, 256>(padded_headdim(d), std::forward<F>(f));
 }
 
 }  // namespace fa

@@ -7,8 +7,9 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include <type_traits>
+#include <utility>
 
+#include "../layout.cuh"
 #include "backend.h"
 
 namespace fa {
@@ -43,16 +44,7 @@ constexpr int headdim(int64_t d) { return d > 192 ? 256 : d > 128 ? 192 : d > 64
 /* Calls f(std::integral_constant<int, D>()) for d's padded head dim D. */
 template <class F>
 fa_status dispatch_headdim(int64_t d, F &&f) {
-  switch (headdim(d)) {
-    case 64:
-      return f(std::integral_constant<int, 64>());
-    case 128:
-      return f(std::integral_constant<int, 128>());
-    case 192:
-      return f(std::integral_constant<int, 192>());
-    default:
-      return f(std::integral_constant<int, 256>());
-  }
+  return dispatch_dim<64, 128, 192, 256>(headdim(d), std::forward<F>(f));
 }
 /* Tensor map of a (batch, seqlen, heads, d) 16-bit tensor with element strides
  * sb, ss, sh: boxes of 64 columns x box_rows rows (x box_heads heads, stacked

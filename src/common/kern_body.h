@@ -13,8 +13,9 @@
  *   x >= t (unsigned) ? a : 0.
  * With KB_WIDE the matrix product's register tiles also take vw, 16-lane
  * vectors (vw_load, vw_store, vw_set1, vw_mul, vw_fma), summing each element
- * as the 8-lane tiles do, and so does the softmax (kern_lanes.h: vw_add,
- * vw_sub, vw_max, vw_min, vw_sel_eq, vw_bits, vw_from_bits, vwi_add_shl23).
+ * as the 8-lane tiles do, and so do the softmax and the backward's
+ * elementwise steps (kern_lanes.h: vw_add, vw_sub, vw_max, vw_min,
+ * vw_sel_eq, vw_sel_ne0, vw_bits, vw_from_bits, vwi_add_shl23).
  * Nothing here depends on the ISA otherwise, so both paths share every
  * summation order and differ only in FMA contraction. */
 #include <math.h>
@@ -380,34 +381,39 @@ static void SFX(softmax_rows)(float *S, int64_t lds, int64_t nr, int64_t n, cons
   }
 }
 
+/* Columns [0, n) of a row as 16-lane vectors where the ISA has them, then
+ * 8-lane ones to n rounded up to FA_VL (the rows' padding) */
+#ifdef KB_WIDE
+#define KB_WIDE_END(n) ((n) / 16 * 16)
+#else
+#define KB_WIDE_END(n) 0
+#endif
+
 static void SFX(exp_rows)(float *S, int64_t lds, int64_t nr, int64_t n, const float *lse) {
+  const int64_t jw = KB_WIDE_END(n), jn = fa_round_up(n, FA_VL);
   for (int64_t r = 0; r < nr; r++) {
     float *s = S + r * lds;
     if (lse[r] == -INFINITY) {
       memset(s, 0, (size_t)n * sizeof(float));
       continue;
     }
-    const vf vl = vf_set1(lse[r]);
-    for (int64_t j = 0; j < n; j += FA_VL) vf_store(s + j, SFX(vexp)(vf_sub(vf_load(s + j), vl)));
+#ifdef KB_WIDE
+    SFX(exp_span_w)(s, 0, jw, lse[r]);
+#endif
+    SFX(exp_span)(s, jw, jn, lse[r]);
   }
 }
 
 static void SFX(dsoftmax)(float *dP, const float *P, int64_t ld, int64_t nr, int64_t n,
                           const float *Di, const float *T) {
-  const vf one = vf_set1(1.0f);
+  const int64_t jw = KB_WIDE_END(n), jn = fa_round_up(n, FA_VL);
   for (int64_t r = 0; r < nr; r++) {
     float *g = dP + r * ld;
     const float *p = P + r * ld, *t = T ? T + r * ld : NULL;
-    const vf di = vf_set1(Di[r]);
-    for (int64_t j = 0; j < n; j += FA_VL) {
-      const vf pv = vf_load(p + j);
-      vf x = vf_mul(pv, vf_sub(vf_load(g + j), di));
-      if (t) {
-        const vf tv = vf_load(t + j);
-        x = vf_mul(x, vf_sub(one, vf_mul(tv, tv)));
-      }
-      vf_store(g + j, vf_sel_ne0(pv, x));
-    }
+#ifdef KB_WIDE
+    SFX(dsoftmax_span_w)(g, p, t, 0, jw, Di[r]);
+#endif
+    SFX(dsoftmax_span)(g, p, t, jw, jn, Di[r]);
   }
 }
 

@@ -102,6 +102,29 @@ static inline __attribute__((always_inline)) void VNAME(softmax_chunk)(const int
   VOP(store)(m, mx);
 }
 
+/* The backward's elementwise steps on columns [j0, j1) of one row (a whole
+ * number of vectors): exp_span, s := e^(s - x) (P from the scores and the
+ * row's lse); dsoftmax_span, g := p (g - di), times 1 - t^2 where softcap's
+ * tanh t is given, and 0 where p is (dS from dP). */
+static inline void VNAME(exp_span)(float *s, int64_t j0, int64_t j1, float x) {
+  const V vx = VOP(set1)(x);
+  for (int64_t j = j0; j < j1; j += (int64_t)(sizeof(V) / sizeof(float)))
+    VOP(store)(s + j, VNAME(vexp)(VOP(sub)(VOP(load)(s + j), vx)));
+}
+static inline void VNAME(dsoftmax_span)(float *g, const float *p, const float *t, int64_t j0,
+                                        int64_t j1, float di) {
+  const V vdi = VOP(set1)(di), one = VOP(set1)(1.0f);
+  for (int64_t j = j0; j < j1; j += (int64_t)(sizeof(V) / sizeof(float))) {
+    const V pv = VOP(load)(p + j);
+    V x = VOP(mul)(pv, VOP(sub)(VOP(load)(g + j), vdi));
+    if (t) {
+      const V tv = VOP(load)(t + j);
+      x = VOP(mul)(x, VOP(sub)(one, VOP(mul)(tv, tv)));
+    }
+    VOP(store)(g + j, VOP(sel_ne0)(pv, x));
+  }
+}
+
 #undef V
 #undef VOP
 #undef VIOP

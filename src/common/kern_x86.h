@@ -77,6 +77,9 @@ static inline vw vw_min(vw a, vw b) { return _mm512_min_ps(a, b); }
 static inline vw vw_sel_eq(vw x, vw y, vw a, vw b) {
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, y, _CMP_EQ_OQ), b, a);
 }
+static inline vw vw_sel_ne0(vw p, vw a) {
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ), a);
+}
 static inline vwi vw_bits(vw x) { return _mm512_castps_si512(x); }
 static inline vw vw_from_bits(vwi u) { return _mm512_castsi512_ps(u); }
 static inline vwi vwi_add_shl23(vwi u, unsigned k) {

@@ -6,7 +6,8 @@
  * alpha, beta with and without a row scale, and per-row key ranges (klo,
  * khi) that split rows between a tile and its own tail. Each C is also
  * checked against a float64 product. So must the online softmax's column
- * chunks (softmax_cols, softmax_step_cols). Internal: it links the tables. */
+ * chunks (softmax_cols, softmax_step_cols) and the backward's elementwise
+ * steps (exp_rows, dsoftmax). Internal: it links the tables. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -171,6 +172,61 @@ int main(void) {
       free(s2);
     }
     free(st0), free(st1);
+  }
+  /* The backward's P = e^(S - lse) (rows of lse -inf: all 0) and dS = P
+   * (dP - Di), times 1 - T^2 with softcap's T: every table bitwise the AVX2
+   * one's over n columns (any n; the rows padded to whole 8-lane vectors),
+   * the AVX2 one against float64. */
+  for (int it = 0; it < 2000; it++) {
+    const int64_t nr = 1 + pick(5), n = 1 + pick(80), ld = fa_round_up(n, FA_VL) + FA_VL * pick(2);
+    const int soft = pick(2);
+    const size_t sz = (size_t)(nr * ld);
+    float *s0 = malloc(sizeof(float) * sz), *p0 = malloc(sizeof(float) * sz),
+          *g0 = malloc(sizeof(float) * sz), *t0 = malloc(sizeof(float) * sz),
+          *s1 = malloc(sizeof(float) * sz), *g1 = malloc(sizeof(float) * sz),
+          *s2 = malloc(sizeof(float) * sz), *g2 = malloc(sizeof(float) * sz);
+    float lse[8], di[8];
+    for (int64_t r = 0; r < nr; r++) {
+      lse[r] = pick(5) == 0 ? -INFINITY : 20 * rnd();
+      di[r] = rnd();
+    }
+    for (size_t i = 0; i < sz; i++) {
+      s0[i] = pick(8) == 0 ? -INFINITY : 40 * rnd();
+      p0[i] = pick(4) == 0 ? 0.0f : rnd() + 0.5f; /* P's zeros: dS 0 even where dP is NaN */
+      g0[i] = pick(16) == 0 ? NAN : 4 * rnd();
+      t0[i] = 2 * rnd();
+    }
+    memcpy(s1, s0, sizeof(float) * sz), memcpy(g1, g0, sizeof(float) * sz);
+    fa_kern_avx2.exp_rows(s1, ld, nr, n, lse);
+    fa_kern_avx2.dsoftmax(g1, p0, ld, nr, n, di, soft ? t0 : NULL);
+    for (int64_t r = 0; r < nr; r++)
+      for (int64_t j = 0; j < n; j++) {
+        const size_t i = (size_t)(r * ld + j);
+        const double pe = lse[r] == -INFINITY ? 0 : exp((double)(float)(s0[i] - lse[r]));
+        double ge = p0[i] * ((double)g0[i] - di[r]) * (soft ? 1 - (double)t0[i] * t0[i] : 1);
+        if (p0[i] == 0) ge = 0;
+        const int bad = fabs(s1[i] - pe) > 4e-7 * pe + 1e-30 ||
+                        (isnan(ge) ? !isnan(g1[i]) : fabs(g1[i] - ge) > 1e-6 * fabs(ge) + 1e-30);
+        if (bad && fail++ < 10)
+          printf("FAIL avx2 exp_rows/dsoftmax vs float64: n %ld row %ld column %ld\n", (long)n,
+                 (long)r, (long)j);
+      }
+    cases++;
+    for (int t = 0; t < ntab; t++) {
+      memcpy(s2, s0, sizeof(float) * sz), memcpy(g2, g0, sizeof(float) * sz);
+      tabs[t]->exp_rows(s2, ld, nr, n, lse);
+      tabs[t]->dsoftmax(g2, p0, ld, nr, n, di, soft ? t0 : NULL);
+      cases++;
+      for (int64_t r = 0; r < nr; r++)
+        if ((memcmp(s2 + r * ld, s1 + r * ld, sizeof(float) * (size_t)n) ||
+             memcmp(g2 + r * ld, g1 + r * ld, sizeof(float) * (size_t)n)) &&
+            fail++ < 10) {
+          printf("FAIL %s exp_rows/dsoftmax differ bitwise from avx2: n %ld softcap %d\n",
+                 tabs[t]->isa, (long)n, soft);
+          break;
+        }
+    }
+    free(s0), free(p0), free(g0), free(t0), free(s1), free(g1), free(s2), free(g2);
   }
   printf("test_kern_tables (%d tables beside avx2): %d passed, %d failed\n", ntab, cases - fail,
          fail);

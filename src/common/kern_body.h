@@ -13,9 +13,10 @@
  *   x >= t (unsigned) ? a : 0.
  * With KB_WIDE the matrix product's register tiles also take vw, 16-lane
  * vectors (vw_load, vw_store, vw_set1, vw_mul, vw_fma), summing each element
- * as the 8-lane tiles do, and so do the softmax and the backward's
- * elementwise steps (kern_lanes.h: vw_add, vw_sub, vw_max, vw_min,
- * vw_sel_eq, vw_sel_ne0, vw_bits, vw_from_bits, vwi_add_shl23).
+ * as the 8-lane tiles do, and so do the softmax, the backward's
+ * elementwise steps and the decode's P V (kern_lanes.h: vw_add, vw_sub,
+ * vw_max, vw_min, vw_sel_eq, vw_sel_ne0, vw_bits, vw_from_bits,
+ * vwi_add_shl23, vw_load_f16, vw_load_bf16).
  * Nothing here depends on the ISA otherwise, so both paths share every
  * summation order and differ only in FMA contraction. */
 #include <math.h>
@@ -567,15 +568,6 @@ static void SFX(load_kv)(float *K, float *V, int64_t ld, const void *k, int64_t 
   }
 }
 
-/* decode's K/V rows read in place: f32, f16 or bf16 (dt a constant wherever
- * this inlines: the kernels below are instantiated once per dtype, through
- * KB_BY_DT) */
-static inline vf SFX(load_kv8)(const void *row, int64_t c, fa_dtype dt) {
-  return dt == FA_DTYPE_F16    ? vf_load_f16((const uint16_t *)row + c)
-         : dt == FA_DTYPE_BF16 ? vf_load_bf16((const uint16_t *)row + c)
-                               : vf_load((const float *)row + c);
-}
-
 /* fn(T, ...) with T the dtype dt as a constant: f16, bf16, else f32. */
 #define KB_BY_DT(dt, fn, ...)         \
   do {                                \
@@ -609,7 +601,7 @@ static inline __attribute__((always_inline)) void SFX(dots_tile)(const fa_dtype 
   for (int64_t c = 0; c < d; c += FA_VL) {
     vf kv[KB_DOT_NV * FA_VL];
 #pragma GCC unroll 16
-    for (int kl = 0; kl < KG; kl++) kv[kl] = SFX(load_kv8)(kr[kl], c, dt);
+    for (int kl = 0; kl < KG; kl++) kv[kl] = SFX(kv_load)(kr[kl], c, dt);
 #pragma GCC unroll 4
     for (int rl = 0; rl < RG; rl++) {
       const vf x = vf_load(q + rl * ldq + c);
@@ -674,7 +666,7 @@ static inline __attribute__((always_inline)) void SFX(pv_kv_cols)(
     const char *row = vc + j * vs;
 #pragma GCC unroll 8
     for (int t = 0; t < CG; t++)
-      acc[t] = vf_fma(pj, SFX(load_kv8)(row, c0 + FA_VL * t, dt), acc[t]);
+      acc[t] = vf_fma(pj, SFX(kv_load)(row, c0 + FA_VL * t, dt), acc[t]);
   }
 #pragma GCC unroll 8
   for (int t = 0; t < CG; t++) vf_store(o + c0 + FA_VL * t, acc[t]);
@@ -729,7 +721,7 @@ static inline __attribute__((always_inline)) void SFX(pv_tile)(
     vf vv[8];
     const char *row = vc + j * vs;
 #pragma GCC unroll 8
-    for (int t = 0; t < CG; t++) vv[t] = SFX(load_kv8)(row, c0 + FA_VL * t, dt);
+    for (int t = 0; t < CG; t++) vv[t] = SFX(kv_load)(row, c0 + FA_VL * t, dt);
 #pragma GCC unroll 4
     for (int rl = 0; rl < RG; rl++) {
       const vf pj = vf_set1(P[rl * ldp + j]);
@@ -829,7 +821,7 @@ static inline __attribute__((always_inline)) void SFX(dots_rows_dt)(
           const float *q = Q + r * ldq;
           const char *kh = k + j * ks + (r / group) * khs;
           for (int64_t c = 0; c < d; c += FA_VL) {
-            const vf k0 = SFX(load_kv8)(kh, c, dt), k1 = SFX(load_kv8)(kh + ks, c, dt);
+            const vf k0 = SFX(kv_load)(kh, c, dt), k1 = SFX(kv_load)(kh + ks, c, dt);
 #pragma GCC unroll 4
             for (int s = 0; s < SG; s++) {
               const vf qv = vf_load(q + s * ldq + c);
@@ -859,7 +851,7 @@ static inline __attribute__((always_inline)) void SFX(dots_rows_dt)(
           const char *kh = k + j * ks + (r / group) * khs;
           int64_t c = 0;
           for (; c + 2 * FA_VL <= d; c += 2 * FA_VL) {
-            const vf k0 = SFX(load_kv8)(kh, c, dt), k1 = SFX(load_kv8)(kh, c + FA_VL, dt);
+            const vf k0 = SFX(kv_load)(kh, c, dt), k1 = SFX(kv_load)(kh, c + FA_VL, dt);
 #pragma GCC unroll 8
             for (int g = 0; g < SG; g++) {
               a[g][0] = vf_fma(vf_load(q + g * ldq + c), k0, a[g][0]);
@@ -867,7 +859,7 @@ static inline __attribute__((always_inline)) void SFX(dots_rows_dt)(
             }
           }
           if (c < d) {
-            const vf k0 = SFX(load_kv8)(kh, c, dt);
+            const vf k0 = SFX(kv_load)(kh, c, dt);
 #pragma GCC unroll 8
             for (int g = 0; g < SG; g++) a[g][0] = vf_fma(vf_load(q + g * ldq + c), k0, a[g][0]);
           }
@@ -904,26 +896,19 @@ static inline __attribute__((always_inline)) void SFX(pv_keys)(
     const fa_dtype dt, const int SG, const int KB, int64_t j, int64_t nr, int64_t d,
     const float *PT, int64_t ldp, const char *v, int64_t vs, int64_t vhs, int64_t group, float *O,
     int64_t ldo) {
+  const int64_t cw = KB_WIDE_END(d), cn = fa_round_up(d, FA_VL);
   for (int64_t r = 0; r < nr; r += SG) {
-    vf p[4][4];
+    float pt[4][4];
 #pragma GCC unroll 4
     for (int t = 0; t < KB; t++)
 #pragma GCC unroll 4
-      for (int g = 0; g < SG; g++) p[t][g] = vf_set1(PT[(j + t) * ldp + r + g]);
+      for (int g = 0; g < SG; g++) pt[t][g] = PT[(j + t) * ldp + r + g];
     const char *vh = v + j * vs + (r / group) * vhs;
     float *o = O + r * ldo;
-    for (int64_t c = 0; c < d; c += FA_VL) {
-      vf x[4];
-#pragma GCC unroll 4
-      for (int t = 0; t < KB; t++) x[t] = SFX(load_kv8)(vh + t * vs, c, dt);
-#pragma GCC unroll 8
-      for (int g = 0; g < SG; g++) {
-        vf acc = vf_load(o + g * ldo + c);
-#pragma GCC unroll 4
-        for (int t = 0; t < KB; t++) acc = vf_fma(p[t][g], x[t], acc);
-        vf_store(o + g * ldo + c, acc);
-      }
-    }
+#ifdef KB_WIDE
+    SFX(pv_span_w)(dt, SG, KB, (const float(*)[4])pt, vh, vs, o, ldo, 0, cw);
+#endif
+    SFX(pv_span)(dt, SG, KB, (const float(*)[4])pt, vh, vs, o, ldo, cw, cn);
   }
 }
 

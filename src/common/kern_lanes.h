@@ -102,6 +102,40 @@ static inline __attribute__((always_inline)) void VNAME(softmax_chunk)(const int
   VOP(store)(m, mx);
 }
 
+/* Elements c .. of a K or V row read in place, f32, f16 or bf16, as float32
+ * lanes (dt a constant wherever this inlines: the decode kernels are
+ * instantiated once per dtype, through kern_body.h's KB_BY_DT). */
+static inline V VNAME(kv_load)(const void *row, int64_t c, fa_dtype dt) {
+  return dt == FA_DTYPE_F16    ? VOP(load_f16)((const uint16_t *)row + c)
+         : dt == FA_DTYPE_BF16 ? VOP(load_bf16)((const uint16_t *)row + c)
+                               : VOP(load)((const float *)row + c);
+}
+
+/* Columns [c0, c1) (whole vectors) of SG O rows (o, ld ldo) += the
+ * products of KB V rows (vh, vs apart) with their probabilities pt[t][g],
+ * added in key order (kern_body.h's pv_keys). */
+static inline __attribute__((always_inline)) void VNAME(pv_span)(
+    const fa_dtype dt, const int SG, const int KB, const float (*pt)[4], const char *vh,
+    int64_t vs, float *o, int64_t ldo, int64_t c0, int64_t c1) {
+  V p[4][4];
+#pragma GCC unroll 4
+  for (int t = 0; t < KB; t++)
+#pragma GCC unroll 4
+    for (int g = 0; g < SG; g++) p[t][g] = VOP(set1)(pt[t][g]);
+  for (int64_t c = c0; c < c1; c += (int64_t)(sizeof(V) / sizeof(float))) {
+    V x[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < KB; t++) x[t] = VNAME(kv_load)(vh + t * vs, c, dt);
+#pragma GCC unroll 8
+    for (int g = 0; g < SG; g++) {
+      V acc = VOP(load)(o + g * ldo + c);
+#pragma GCC unroll 4
+      for (int t = 0; t < KB; t++) acc = VOP(fma)(p[t][g], x[t], acc);
+      VOP(store)(o + g * ldo + c, acc);
+    }
+  }
+}
+
 /* The backward's elementwise steps on columns [j0, j1) of one row (a whole
  * number of vectors): exp_span, s := e^(s - x) (P from the scores and the
  * row's lse); dsoftmax_span, g := p (g - di), times 1 - t^2 where softcap's

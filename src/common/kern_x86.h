@@ -77,6 +77,13 @@ static inline vw vw_min(vw a, vw b) { return _mm512_min_ps(a, b); }
 static inline vw vw_sel_eq(vw x, vw y, vw a, vw b) {
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, y, _CMP_EQ_OQ), b, a);
 }
+static inline vw vw_load_f16(const uint16_t *p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+static inline vw vw_load_bf16(const uint16_t *p) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
 static inline vw vw_sel_ne0(vw p, vw a) {
   return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ), a);
 }

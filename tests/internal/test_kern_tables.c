@@ -7,12 +7,14 @@
  * khi) that split rows between a tile and its own tail. Each C is also
  * checked against a float64 product. So must the online softmax's column
  * chunks (softmax_cols, softmax_step_cols) and the backward's elementwise
- * steps (exp_rows, dsoftmax). Internal: it links the tables. */
+ * steps (exp_rows, dsoftmax), and the decode's P V in key-row order
+ * (pv_rows). Internal: it links the tables. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/convert.h"
 #include "common/kern.h"
 
 static unsigned g_seed = 12345;
@@ -227,6 +229,69 @@ int main(void) {
         }
     }
     free(s0), free(p0), free(g0), free(t0), free(s1), free(g1), free(s2), free(g2);
+  }
+  /* The decode's O += P V in key-row order (pv_rows): f32, f16 and bf16 V
+   * rows, groups of 1, 2 and 4 query heads on a K/V head, head dims of odd
+   * vector counts, enough rows for its blocked path, with and without a row
+   * scale: every table bitwise the AVX2 one's O, the AVX2 one against
+   * float64. */
+  for (int it = 0; it < 1500; it++) {
+    const int64_t group = (int64_t)1 << pick(3), nr = group * (1 + pick(40 / (int)group));
+    const int64_t n = 1 + pick(9), d = FA_VL * (1 + pick(20)), ldp = fa_round_up(nr, FA_VL);
+    const int dti = pick(3), scaled = pick(2);
+    const fa_dtype dt = dti == 0 ? FA_DTYPE_F32 : dti == 1 ? FA_DTYPE_F16 : FA_DTYPE_BF16;
+    const int64_t es = dti == 0 ? 4 : 2, vhs = d * es, vs = (nr / group) * vhs + es * pick(3);
+    const int64_t ldo = d + FA_VL * pick(2);
+    char *v = malloc((size_t)(n * vs));
+    float *pt = malloc(sizeof(float) * (size_t)(n * ldp)),
+          *vf32 = malloc(sizeof(float) * (size_t)(n * vs));
+    float *o0 = malloc(sizeof(float) * (size_t)(nr * ldo)),
+          *o1 = malloc(sizeof(float) * (size_t)(nr * ldo)),
+          *o2 = malloc(sizeof(float) * (size_t)(nr * ldo)), rs[40];
+    for (int64_t j = 0; j < n; j++)
+      for (int64_t e = 0; e < vs / es; e++) {
+        const float x = 2 * rnd();
+        uint16_t h;
+        if (dt == FA_DTYPE_F32) {
+          memcpy(v + j * vs + e * 4, &x, 4), vf32[j * vs + e] = x;
+        } else { /* the stored value, as the kernels read it */
+          h = dt == FA_DTYPE_F16 ? fa_f32_to_f16(x) : fa_f32_to_bf16(x);
+          memcpy(v + j * vs + e * 2, &h, 2);
+          vf32[j * vs + e] = dt == FA_DTYPE_F16 ? fa_f16_to_f32(h) : fa_bf16_to_f32(h);
+        }
+      }
+    for (int64_t i = 0; i < n * ldp; i++) pt[i] = rnd() + 0.5f;
+    for (int64_t i = 0; i < nr * ldo; i++) o0[i] = rnd();
+    for (int i = 0; i < 40; i++) rs[i] = rnd() + 0.5f;
+    memcpy(o1, o0, sizeof(float) * (size_t)(nr * ldo));
+    fa_kern_avx2.pv_rows(nr, n, d, pt, ldp, v, vs, vhs, group, dt, o1, ldo, scaled ? rs : NULL);
+    for (int64_t r = 0; r < nr; r++) {
+      int bad = 0;
+      for (int64_t c = 0; c < d && !bad; c++) {
+        double want = (scaled ? rs[r] : 1.0) * o0[r * ldo + c], mag = fabs(want);
+        for (int64_t j = 0; j < n; j++) {
+          const double term = (double)pt[j * ldp + r] * vf32[j * vs + (r / group) * (vhs / es) + c];
+          want += term, mag += fabs(term);
+        }
+        bad = fabs(o1[r * ldo + c] - want) > 1e-6 * mag + 1e-30;
+      }
+      if (bad) {
+        if (fail++ < 10)
+          printf("FAIL avx2 pv_rows vs float64: nr %ld n %ld d %ld group %ld dtype %d row %ld\n",
+                 (long)nr, (long)n, (long)d, (long)group, dti, (long)r);
+        break;
+      }
+    }
+    cases++;
+    for (int t = 0; t < ntab; t++) {
+      memcpy(o2, o0, sizeof(float) * (size_t)(nr * ldo));
+      tabs[t]->pv_rows(nr, n, d, pt, ldp, v, vs, vhs, group, dt, o2, ldo, scaled ? rs : NULL);
+      cases++;
+      if (memcmp(o2, o1, sizeof(float) * (size_t)(nr * ldo)) && fail++ < 10)
+        printf("FAIL %s pv_rows differs bitwise from avx2: nr %ld n %ld d %ld group %ld dtype %d\n",
+               tabs[t]->isa, (long)nr, (long)n, (long)d, (long)group, dti);
+    }
+    free(v), free(pt), free(vf32), free(o0), free(o1), free(o2);
   }
   printf("test_kern_tables (%d tables beside avx2): %d passed, %d failed\n", ntab, cases - fail,
          fail);

@@ -48,6 +48,16 @@
 #include "common/kern_lanes.h"
 #endif
 
+/* Where the 16-lane part of n columns ends: the kernels below take columns
+ * [0, KB_WIDE_END(n)) 16 at a time where the ISA has vw, then 8-lane
+ * vectors up to n rounded up to FA_VL (the rows' padding). Each column is a
+ * lane, so the split changes no bit. */
+#ifdef KB_WIDE
+#define KB_WIDE_END(n) ((n) / (2 * FA_VL) * (2 * FA_VL))
+#else
+#define KB_WIDE_END(n) 0
+#endif
+
 /* ---- matrix product ------------------------------------------------------ */
 
 /* Register tile: MR rows x NR vectors of C, the k loop keeps them in
@@ -299,15 +309,14 @@ static void SFX(gemm)(const fa_gemm *g) {
 /* ---- softmax ------------------------------------------------------------- */
 
 /* softmax_cols in base 2 (E2) or base e (decode's scores are natural units),
- * 16 columns at a time where the vectors have them: each column is a lane,
- * so the width changes no bit */
+ * 16 columns at a time where the vectors have them (KB_WIDE_END) */
 static inline __attribute__((always_inline)) void SFX(softmax_cols_base)(const int E2, float *ST,
                                                                          int64_t lds, int64_t nc,
                                                                          int64_t ncol, float *m,
                                                                          float *l, float *alpha) {
   int64_t i = 0;
 #ifdef KB_WIDE
-  for (; i + 2 * FA_VL <= ncol; i += 2 * FA_VL)
+  for (; i < KB_WIDE_END(ncol); i += 2 * FA_VL)
     SFX(softmax_chunk_w)(E2, ST + i, lds, nc, m + i, l + i, alpha + i);
 #endif
   for (; i < ncol; i += FA_VL) SFX(softmax_chunk)(E2, ST + i, lds, nc, m + i, l + i, alpha + i);
@@ -381,14 +390,6 @@ static void SFX(softmax_rows)(float *S, int64_t lds, int64_t nr, int64_t n, cons
     for (j = b; j < n; j++) s[j] = 0.0f;
   }
 }
-
-/* Columns [0, n) of a row as 16-lane vectors where the ISA has them, then
- * 8-lane ones to n rounded up to FA_VL (the rows' padding) */
-#ifdef KB_WIDE
-#define KB_WIDE_END(n) ((n) / 16 * 16)
-#else
-#define KB_WIDE_END(n) 0
-#endif
 
 static void SFX(exp_rows)(float *S, int64_t lds, int64_t nr, int64_t n, const float *lse) {
   const int64_t jw = KB_WIDE_END(n), jn = fa_round_up(n, FA_VL);

@@ -68,7 +68,8 @@ static inline void vw_store(float *p, vw v) { _mm512_storeu_ps(p, v); }
 static inline vw vw_set1(float x) { return _mm512_set1_ps(x); }
 static inline vw vw_mul(vw a, vw b) { return _mm512_mul_ps(a, b); }
 static inline vw vw_fma(vw a, vw b, vw c) { return _mm512_fmadd_ps(a, b, c); }
-/* and for the softmax's chunks of 16 columns (kern_lanes.h): vf's semantics */
+/* and for kern_lanes.h's 16-lane kernels (the softmax chunks, the backward's
+ * elementwise steps, the decode's P V): vf's semantics */
 typedef __m512i vwi;
 static inline vw vw_add(vw a, vw b) { return _mm512_add_ps(a, b); }
 static inline vw vw_sub(vw a, vw b) { return _mm512_sub_ps(a, b); }

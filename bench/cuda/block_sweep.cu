@@ -6,8 +6,8 @@
  * Each configuration is a separate instantiation of the library's kernel
  * (flash_fwd_launch with another tile shape), so the sweep needs no rebuild of
  * the library. It is the one bench/ program below the public API: the tile
- * shape is not (and should not be) an API parameter. Before timing, each configuration's O is compared with the
- * library's own fa_forward; a mismatch fails the run. Analytic traffic in the
+ * shape is not (and should not be) an API parameter. Before timing, each configuration's O is
+ * compared with the library's own fa_forward; a mismatch fails the run. Analytic traffic in the
  * FlashAttention-2 order: Q and O once, K and V once per query block of Br rows
  * (Bc does not enter), plus the log-sum-exp. --once makes exactly one launch
  * per configuration and nothing else on the GPU, in the printed order, for
@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "cuda/forward_kernel.cuh"
 #include "cuda/layout.cuh"
 
 namespace {

@@ -27,35 +27,10 @@
 #ifndef FA_CUDA_BACKWARD_KERNEL_CUH
 #define FA_CUDA_BACKWARD_KERNEL_CUH
 
+#include "bwd_rows.cuh"
 #include "forward_kernel.cuh"
 
 namespace fa {
-
-/* The backward's launch arguments (AttnArgs: q, k, v, sizes, masks). */
-struct BwdArgs : AttnArgs {
-  const void *o, *dout;
-  void *dq, *dk, *dv;
-  const float *lse;
-  float *dsum;   /* Di (lse layout) */
-  float *lse2;   /* lse * log2(e); +inf for fully masked rows (lse layout) */
-  float *dq_acc; /* float32 dQ, row = lse index, DP columns; NULL when deterministic */
-  /* Per (sequence, K/V head): the kv kernel's blocks done with their dQ
-   * reductions, zeroed by the prep kernel; the Hopper kernel counts them so
-   * that its dQ conversion can start on finished heads while its last blocks
-   * run (sm90::bwd_convert_kernel). NULL when deterministic. */
-  int *kv_done;
-  /* Deterministic mode (params.deterministic): on the Hopper kernels the dQ
-   * reductions then go in a fixed order (common/dq_order.h): dq_sem counts,
-   * per query tile (at the lse index of its first row), the key blocks that
-   * have added theirs; kv_ticket numbers the key blocks as they start;
-   * det_wave is a full mask's wave of blocks (at most the blocks resident at
-   * once). The sm_80 kernels instead run flash_bwd_dq_kernel (dq_acc NULL). */
-  int deterministic, det_wave;
-  int *dq_sem, *kv_ticket;
-  int64_t o_sb, o_ss, o_sh, do_sb, do_ss, do_sh, dq_sb, dq_ss, dq_sh, dk_sb, dk_ss, dk_sh;
-  int64_t dv_sb, dv_ss, dv_sh;
-  float scale;
-};
 
 /* Tile shapes per (padded) head dim. kv kernel: BC keys per block, BR query
  * rows per step, NW warps (BC / 16 of them along the keys; the rest split the
@@ -203,145 +178,6 @@ struct BwdTraits<256> {
   static constexpr int BC = FA_BWD256_BC, BR = FA_BWD256_BR, NW = FA_BWD256_NW, MINB = FA_BWD256_MINB;
   static constexpr int QNW = FA_BWD256_QNW, QBC = FA_BWD256_QBC;
 };
-
-/* Rows per block of the row-wise kernels (prep, convert): 8 warps x 4 rows. */
-constexpr int kBwdRowsPerBlock = 32;
-
-/* Element offset of row `row` of head h in a strided tensor of this sequence. */
-__device__ __forceinline__ int64_t row_off(const SeqView &sv, bool keys, int64_t sb, int64_t ss,
-                                           int64_t sh, int row, int h) {
-  return (keys ? sv.kb : sv.qb) * sb + ((keys ? sv.k0 : sv.q0) + row) * ss + h * sh;
-}
-
-/* The kv_done counter of (sequence b, K/V head hk). */
-__device__ __forceinline__ int *kv_done_of(const BwdArgs &p, int b, int hk) {
-  return p.kv_done + b * (p.heads_q / p.group) + hk;
-}
-
-/* Both row kernels walk their grid backwards, so that what one kernel
- * touched last is what the next one starts with, still in L2: the prep
- * kernel ends on the first sequence's first heads (their dO rows and zeroed dQ
- * rows), where the kv kernel begins, and the convert kernel begins on the dQ
- * rows the kv kernel reduced last (block-sparse masks, whose dQ traffic
- * does not shrink with density; docs/PERF.md). The Hopper conversion follows
- * the kv kernel's order instead (sm90::bwd_convert_kernel): it overlaps it. */
-__device__ __forceinline__ dim3 rows_block() {
-  return dim3(gridDim.x - 1 - blockIdx.x, gridDim.y - 1 - blockIdx.y, gridDim.z - 1 - blockIdx.z);
-}
-
-/* Di = rowsum(dO o O), lse2, zeroed dQ accumulator (and kv_done counters)
- * for the block's kBwdRowsPerBlock rows. A row is TPR threads, each 8
- * columns (one 16-byte load of O and one of dO), so a pass covers 256 / TPR
- * rows, and every load of every pass is issued before any sum: the kernel
- * reads at the memory's rate instead of waiting on one row after another
- * (one warp per row, a row at a time, left 24 of 32 lanes idle at D = 64 and
- * ran 1.8x cuDNN's preparation on an H100; docs/PERF.md). */
-template <typename T, int DP>
-__global__ void __launch_bounds__(256) bwd_prep_kernel(const BwdArgs p) {
-  constexpr float LOG2E = FA_LOG2E;
-  constexpr int TPR = DP <= 64 ? 8 : DP <= 128 ? 16 : 32; /* a pass: at most the block */
-  constexpr int RPP = 256 / TPR, PASSES = kBwdRowsPerBlock / RPP;
-  static_assert(TPR * 8 >= DP && PASSES * RPP == kBwdRowsPerBlock, "a thread's 8 columns");
-  const dim3 blk = rows_block();
-  const int b = blk.z, h = blk.y, sub = threadIdx.x % TPR, c = sub * 8;
-  if (p.kv_done && blk.x == 0 && h % p.group == 0 && threadIdx.x == 0)
-    *kv_done_of(p, b, h / p.group) = 0;
-  if (p.kv_ticket && blk.x == 0 && h == 0 && b == 0 && threadIdx.x == 0) *p.kv_ticket = 0;
-  const SeqView sv = seq_view(p, b);
-  const int row0 = blk.x * kBwdRowsPerBlock, rows = min(kBwdRowsPerBlock, sv.nq - row0);
-  if (rows <= 0) return;
-  const int64_t idx0 = sv.lse0 + h * sv.lse_hs + row0; /* the block's first row's index */
-  uint4 ov[PASSES], gv[PASSES];
-  float lse[PASSES];
-#pragma unroll
-  for (int i = 0; i < PASSES; ++i) {
-    const int r = i * RPP + (int)threadIdx.x / TPR;
-    ov[i] = gv[i] = make_uint4(0, 0, 0, 0);
-    lse[i] = 0.f;
-    if (r >= rows) continue;
-    const T *o = (const T *)p.o + row_off(sv, false, p.o_sb, p.o_ss, p.o_sh, row0 + r, h);
-    const T *dO = (const T *)p.dout + row_off(sv, false, p.do_sb, p.do_ss, p.do_sh, row0 + r, h);
-    if (c + 8 <= p.d) {
-      ov[i] = *reinterpret_cast<const uint4 *>(o + c);
-      gv[i] = *reinterpret_cast<const uint4 *>(dO + c);
-    } else if (c < p.d) { /* the last columns of a head dim that is not a multiple of 8 */
-      T ot[8] = {}, gt[8] = {};
-      for (int e = 0; c + e < p.d; ++e) ot[e] = o[c + e], gt[e] = dO[c + e];
-      memcpy(&ov[i], ot, 16);
-      memcpy(&gv[i], gt, 16);
-    }
-    if (sub == 0) lse[i] = p.lse[idx0 + r];
-  }
-  /* the accumulator's rows are contiguous: zero them while the loads fly */
-  if (p.dq_acc) {
-    float4 *acc = reinterpret_cast<float4 *>(p.dq_acc + idx0 * DP);
-    for (int j = threadIdx.x; j < rows * DP / 4; j += 256) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-#pragma unroll
-  for (int i = 0; i < PASSES; ++i) {
-    const uint32_t ar[4] = {ov[i].x, ov[i].y, ov[i].z, ov[i].w};
-    const uint32_t gr[4] = {gv[i].x, gv[i].y, gv[i].z, gv[i].w};
-    float sum = 0.f;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 x = unpack2<T>(ar[e]), y = unpack2<T>(gr[e]);
-      sum = fmaf(x.x, y.x, fmaf(x.y, y.y, sum));
-    }
-#pragma unroll
-    for (int off = TPR / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    const int r = i * RPP + (int)threadIdx.x / TPR;
-    if (sub == 0 && r < rows) {
-      p.dsum[idx0 + r] = sum;
-      p.lse2[idx0 + r] = lse[i] == -INFINITY ? INFINITY : lse[i] * LOG2E;
-      if (p.dq_sem) p.dq_sem[idx0 + r] = 0;
-    }
-  }
-}
-
-/* dQ = scale * accumulator, in the storage dtype, for rows [x
- * kBwdRowsPerBlock, +kBwdRowsPerBlock) of head h of sequence b; 256 threads,
- * each warp kBwdRowsPerBlock / 8 rows, a lane 8 columns. A warp's rows are
- * all loaded before any is stored, so their loads are in flight together. */
-template <typename T, int DP>
-__device__ __forceinline__ void bwd_dq_convert_rows(const BwdArgs &p, int b, int h, int x) {
-  static_assert(DP <= 256, "a lane's 8 columns cover the row");
-  constexpr int R = kBwdRowsPerBlock / 8;
-  const int c = (threadIdx.x & 31) * 8, row0 = x * kBwdRowsPerBlock + (threadIdx.x >> 5) * R;
-  const SeqView sv = seq_view(p, b);
-  const int rows = min(R, sv.nq - row0);
-  if (c >= p.d || rows <= 0) return;
-  float4 v[R][2];
-#pragma unroll
-  for (int i = 0; i < R; ++i)
-    if (i < rows) {
-      const float *src = p.dq_acc + (sv.lse0 + h * sv.lse_hs + row0 + i) * DP + c;
-      v[i][0] = *reinterpret_cast<const float4 *>(src);
-      v[i][1] = *reinterpret_cast<const float4 *>(src + 4);
-    }
-#pragma unroll
-  for (int i = 0; i < R; ++i)
-    if (i < rows) {
-      T *dst = (T *)p.dq + row_off(sv, false, p.dq_sb, p.dq_ss, p.dq_sh, row0 + i, h) + c;
-      const float4 lo = v[i][0], hi = v[i][1];
-      if (c + 8 <= p.d) {
-        uint4 r;
-        r.x = pack2<T>(lo.x * p.scale, lo.y * p.scale);
-        r.y = pack2<T>(lo.z * p.scale, lo.w * p.scale);
-        r.z = pack2<T>(hi.x * p.scale, hi.y * p.scale);
-        r.w = pack2<T>(hi.z * p.scale, hi.w * p.scale);
-        *reinterpret_cast<uint4 *>(dst) = r;
-      } else {
-        const float e8[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-        for (int e = 0; e < p.d - c; ++e) dst[e] = T(e8[e] * p.scale);
-      }
-    }
-}
-
-template <typename T, int DP>
-__global__ void __launch_bounds__(256) bwd_dq_convert_kernel(const BwdArgs p) {
-  const dim3 blk = rows_block();
-  bwd_dq_convert_rows<T, DP>(p, blk.z, blk.y, blk.x);
-}
 
 /* The score transform of the forward, in log2 units, for one element: raw
  * q.k in, log2-domain score out; *dfac = d(score)/d(scale q.k) (softcap's
@@ -816,22 +652,6 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_bwd_dq_kernel(cons
                            p.dq_ss, sQ, min(BR, so.nq - ro), p.d, tid);
 }
 
-/* Launch 1 (convert false: Di, lse2, zeroed dQ accumulator) or launch 3
- * (convert true: dQ from the accumulator) for padded head dim D. Compiled
- * with the sm_80 kernels only (explicit instantiations below), so the Hopper
- * kernels' translation unit reuses them instead of instantiating them again. */
-template <typename T, int D>
-fa_status bwd_rows_launch(const BwdArgs &a, cudaStream_t stream, bool convert) {
-  const dim3 rows_grid((unsigned)((a.max_seqlen_q + kBwdRowsPerBlock - 1) / kBwdRowsPerBlock),
-                       (unsigned)a.heads_q, (unsigned)a.batch);
-  if (rows_grid.x == 0) return FA_OK; /* a zero grid is an error */
-  if (convert)
-    bwd_dq_convert_kernel<T, D><<<rows_grid, 256, 0, stream>>>(a);
-  else
-    bwd_prep_kernel<T, D><<<rows_grid, 256, 0, stream>>>(a);
-  return launch_status();
-}
-
 /* The backward for padded head dim D: prep, kv (+ dq when deterministic),
  * convert; dq_acc NULL selects deterministic mode. */
 template <typename T, int D>
@@ -897,9 +717,7 @@ fa_status flash_bwd_launch(const BwdArgs &a, cudaStream_t stream) {
 
 #define FA_DECLARE_BWD(D)                                                               \
   extern template fa_status flash_bwd_launch<__half, D>(const BwdArgs &, cudaStream_t); \
-  extern template fa_status flash_bwd_launch<__nv_bfloat16, D>(const BwdArgs &, cudaStream_t); \
-  extern template fa_status bwd_rows_launch<__half, D>(const BwdArgs &, cudaStream_t, bool); \
-  extern template fa_status bwd_rows_launch<__nv_bfloat16, D>(const BwdArgs &, cudaStream_t, bool);
+  extern template fa_status flash_bwd_launch<__nv_bfloat16, D>(const BwdArgs &, cudaStream_t);
 FA_DECLARE_BWD(32)
 FA_DECLARE_BWD(64)
 FA_DECLARE_BWD(96)

@@ -13,8 +13,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "attn.cuh"
 #include "common/rotary.h"
-#include "forward_kernel.cuh"
 
 namespace fa {
 namespace {

@@ -6,8 +6,8 @@
 
 #include <type_traits>
 
+#include "attn.cuh"
 #include "common/problem.h"
-#include "forward_kernel.cuh"
 
 namespace fa {
 

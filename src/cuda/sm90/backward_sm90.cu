@@ -1,6 +1,6 @@
 /* FlashAttention-2 backward on Hopper: the key/value kernel of
- * backward_kernel.cuh (launch 2 of 3; the Di/lse2 preparation is that file's
- * kernel) on warpgroup MMA fed by TMA, with warp specialisation as in
+ * backward_kernel.cuh (launch 2 of 3; the Di/lse2 preparation is
+ * bwd_rows.cuh's kernel) on warpgroup MMA fed by TMA, with warp specialisation as in
  * forward_sm90.cu, and the dQ conversion (launch 3) overlapping its last
  * blocks: each block counts itself done per (sequence, K/V head) once its dQ
  * reductions have completed, and the conversion, a programmatic dependent
@@ -36,7 +36,8 @@
  * take their index from a ticket as they start, so that they only ever wait
  * for blocks already running; tiles a block mask skips are counted in
  * without an add. docs/ALGORITHM.md, "Deterministic dQ". */
-#include "../backward_kernel.cuh"
+#include "../attn.cuh"
+#include "../bwd_rows.cuh"
 #include "common/dq_order.h"
 #include "schedule.cuh"
 #include "sm90.h"

@@ -35,7 +35,8 @@
 #include <numeric>
 #include <type_traits>
 
-#include "../forward_kernel.cuh"
+#include "../attn.cuh"
+#include "../combine.cuh"
 #include "schedule.cuh"
 #include "sm90.h"
 #include "wgmma.cuh"

@@ -40,6 +40,7 @@
 #include "../bwd_rows.cuh"
 #include "common/dq_order.h"
 #include "schedule.cuh"
+#include "shapes.cuh"
 #include "sm90.h"
 #include "wgmma.cuh"
 
@@ -49,46 +50,6 @@
 
 namespace fa {
 namespace sm90 {
-
-/* BR = 128 at D = 64: each step then carries twice the products for the
- * same waits and barriers. At D = 128 the accumulators of 128 query rows do
- * not fit beside dK and dV: BR = 64. Either way the tile's dQ (BR x D) is
- * 2 x 64 x 64: each warpgroup computes one 64 x 64 block over all BC keys,
- * reading both warpgroups' dS^T (double-buffered): split by query rows at
- * D = 64 (ROW_SPLIT), by columns of D at D = 128. The sum over the block's
- * keys then happens inside the product, and a step reduces one BR x D tile
- * into global memory, not one per warpgroup (which halved the reduce traffic
- * and the staging stores at D = 128; docs/PERF.md). */
-template <int D>
-struct BwdShape {
-  /* COLS (D = 192, 256): dK and dV of 64 keys x D columns do not fit one
-   * warpgroup's registers. Both warpgroups then take the same 64 keys and
-   * each owns DC = D / 2 of the columns (of dK, dV and the tile's dQ); both
-   * compute the whole S^T and dP^T (64 x 64; 1.4x the tensor work at 256),
-   * so P^T and dS^T stay in each one's registers and neither waits for the
-   * other's. Shared memory leaves room for one Q/dO stage at D = 256 (K, V
-   * 64 KB; Q, dO 64 KB; dQ staging 64 KB), two at 192. */
-  static constexpr bool COLS = D > 128;
-  static constexpr int NWG = 2, BC = COLS ? 64 : 64 * NWG, BR = D <= 64 ? 128 : 64;
-  static constexpr int ST = D > 192 ? 1 : 2, DC = COLS ? D / NWG : D;
-  static constexpr int DQC = COLS ? DC : 64; /* columns of a warpgroup's dQ block */
-  static constexpr bool ROW_SPLIT = !COLS && BR == 64 * NWG;
-  static_assert(COLS ? BR == 64 && (DC == 96 || DC == 128) : BR * D == NWG * 64 * 64,
-                "each warpgroup owns a 64 x DQC block of dQ");
-  /* A warpgroup's dK/dV columns (and its dQ block's) as wgmma pieces PN0 and
-   * PN1 wide (pieces_of below). At D = 192 no 96-wide operand could start
-   * inside a 64-column swizzle block: warpgroup 0 takes columns 0-63 and
-   * 64-95, warpgroup 1 128-191 and 96-127, an N = 64 and an N = 32 product. */
-  static constexpr int PN0 = DC == 96 ? 64 : DC, PN1 = DC - PN0;
-  static constexpr int QN0 = COLS ? PN0 : DQC, QN1 = COLS ? PN1 : 0;
-  static constexpr int DS_BUFS = COLS ? 1 : 2;
-  static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
-  static_assert(regs_split_fits(NWG + 1, PRODUCER_REGS, CONSUMER_REGS), "registers fit");
-  /* deterministic mode: the producer walks a ticket's block (not blockIdx's,
-   * which cost no registers) and the dQ writer its turns: 24 spill */
-  static constexpr int DET_PRODUCER_REGS = 40, DET_CONSUMER_REGS = 232;
-  static_assert(regs_split_fits(NWG + 1, DET_PRODUCER_REGS, DET_CONSUMER_REGS), "registers fit");
-};
 
 /* Slices J0.. of an accumulator as an N-column one (constant J0: the
  * registers stay registers). */
@@ -106,24 +67,6 @@ struct BwdParams {
    * swizzled (2-way bank conflicts) as 32-column boxes. */
   CUtensorMap tdq;
   int kv_rows; /* a KV cache's map: rows from one sequence to the next (kv_map_rows) */
-};
-
-template <int D>
-struct BwdSmem {
-  using S = BwdShape<D>;
-  static constexpr uint32_t KBYTES = S::BC * D * 2, QBYTES = S::BR * D * 2;
-  static constexpr uint32_t V0 = KBYTES, Q0 = 2 * KBYTES, DO0 = Q0 + S::ST * QBYTES;
-  /* per buffer and warpgroup: dS^T of its 64 keys x BR queries */
-  static constexpr uint32_t DS0 = DO0 + S::ST * QBYTES, DSBYTES = 64 * S::BR * 2;
-  /* per warpgroup: the 64 x DQC float32 dQ block it reduces, in 32-column boxes */
-  static constexpr uint32_t DQ0 = DS0 + S::DS_BUFS * S::NWG * DSBYTES, DQBYTES = 64 * S::DQC * 4;
-  /* per stage: the tile's lse2 and Di rows (BR floats each), next to its Q and dO */
-  static constexpr uint32_t LSE0 = DQ0 + S::NWG * DQBYTES, LSEBYTES = 2 * S::BR * 4;
-  static constexpr uint32_t BARS = LSE0 + S::ST * LSEBYTES;
-  /* barriers: kv_full, q_full[ST], q_empty[ST]; the block's ticket
-   * (deterministic mode); 1 KB to align the base */
-  static constexpr uint32_t TICKET = BARS + 8 * (1 + 2 * S::ST);
-  static constexpr size_t BYTES = TICKET + 8 + 1024;
 };
 
 #ifdef FA_SM90_TRACE

@@ -38,56 +38,12 @@
 #include "../attn.cuh"
 #include "../combine.cuh"
 #include "schedule.cuh"
+#include "shapes.cuh"
 #include "sm90.h"
 #include "wgmma.cuh"
 
 namespace fa {
 namespace sm90 {
-
-/* Key tile rows: 64 at D = 192 and 256, so that Q and two stages of K and V
- * fit (144 and 192 KB), else 128. Wide: the tiles of a walk that no band
- * cuts (band_free; no block mask, a contiguous cache), as wide as shared
- * memory holds with O unstaged: 176 at D = 128, 112 at 192, 80 at 256
- * (FlashAttention-3's tiles). Fewer tiles, so less of each tile's fixed
- * cost (its barriers, its row maxima, O's rescaling) per key. The scores of
- * 176 keys fit the consumers' 232 registers because a wide walk carries no
- * band arithmetic (fwd_mask) and makes Q's descriptors per tile (fwd_tiles). */
-constexpr int fwd_bc(int d, bool wide) {
-  return d > 192 ? (wide ? 80 : 64) : d > 128 ? (wide ? 112 : 64) : d > 64 && wide ? 176 : 128;
-}
-
-/* NWG consumer warpgroups of 64 query rows: 2 at D = 128, 3 at D = 64 where
- * sm90_forward chooses it (FlashAttention-3's D = 64 shape: the products are
- * half as long, and a third warpgroup keeps the tensor cores fed), 1 for
- * decode blocks of 64 rows or fewer; key tiles of BC_ rows (fwd_bc). */
-template <int D, int NWG_, int BC_>
-struct FwdShape {
-  static constexpr int NWG = NWG_, BR = 64 * NWG, BC = BC_, ST = 2;
-  /* O is staged through shared memory where a tile of it fits beside Q and
-   * two stages of K and V; else (D = 256, the wide tiles) it goes from
-   * registers straight to global memory */
-  static constexpr bool STAGE_O = 2 * BR * D * 2 + 2 * ST * BC * D * 2 + 2048 <= 227 * 1024;
-  /* the wide tiles (fwd_bc): their walks know no band */
-  static constexpr bool WIDE = BC != fwd_bc(D, false);
-  /* A tile's softmax runs under the previous tile's O += P V, and the two
-   * consumer warpgroups take turns issuing their products (named barriers
-   * 2 and 3): +0-8% per cell at D = 128; on the wide tiles +7-9% at
-   * D = 192 and +2-15% at D = 256 (H100, 2k-16k keys). The narrow tiles of
-   * D = 192 ran 9-14% slower so (with Q's descriptors made per tile,
-   * without which they spill), at D = 256 they spill even then, and at
-   * D = 64 the schedule was 8-15% slower: these keep one product at a time
-   * (docs/PERF.md, "GPU forward"). Warpgroup 1's last arrival is left
-   * pending at exit (barrier state does not outlive the CTA). */
-  static constexpr bool OVERLAP = D == 128 || (D > 128 && WIDE);
-  /* the turns of two consumer warpgroups (a decode kernel may have one) */
-  static constexpr bool PINGPONG = OVERLAP && NWG == 2;
-  /* the producer walks the schedule too: 24 registers spill; with one
-   * consumer warpgroup there are registers to spare (at 40, 232 the D = 192
-   * paged decode kernel spilled 4 bytes) */
-  static constexpr int PRODUCER_REGS = NWG == 1 ? 64 : 40;
-  static constexpr int CONSUMER_REGS = NWG == 1 ? 240 : NWG == 2 ? 232 : 152;
-  static_assert(regs_split_fits(NWG + 1, PRODUCER_REGS, CONSUMER_REGS), "registers fit");
-};
 
 struct FwdParams {
   FwdArgs a;
@@ -96,28 +52,6 @@ struct FwdParams {
   FastDiv by_nsplit;      /* a decode schedule's heads are (head, split) pairs */
   int box;                /* a paged cache: rows per K/V box, gcd(page size, BC) */
   int kv_rows;            /* a KV cache's map: rows from one sequence to the next */
-};
-
-template <int D, int NWG, int KB>
-struct FwdSmem {
-  using S = FwdShape<D, NWG, KB>;
-  static constexpr uint32_t QBYTES = S::BR * D * 2, TBYTES = S::BC * D * 2;
-  /* O is staged (swizzled rows of D, stage_o_at) apart from Q */
-  static constexpr uint32_t OBYTES = S::STAGE_O ? S::BR * D * 2 : 0;
-  /* Q in a ring of QST stages: with two (where they fit: D <= 128) the
-   * producer loads the next block's Q, and then its K/V tiles, while this
-   * block computes; with one it can only start when this block's last
-   * product is done, and every block begins with that load's latency */
-  static constexpr int QST =
-      2 * QBYTES + 2 * S::ST * TBYTES + OBYTES + 256 + 1024 <= 227 * 1024 ? 2 : 1;
-  static constexpr uint32_t K0 = QST * QBYTES, V0 = K0 + S::ST * TBYTES, O0 = V0 + S::ST * TBYTES;
-  static constexpr uint32_t BARS = O0 + OBYTES;
-  /* barriers: q_full[QST], q_empty[QST], k_full[ST], v_full[ST],
-   * k_empty[ST], v_empty[ST]; then the block index of Q's two phases, for
-   * the consumers and for the producer's other warps (a paged cache); plus
-   * 1 KB to align the base to 1024 bytes */
-  static constexpr uint32_t SLOTS = BARS + 8 * (2 * QST + 4 * S::ST), PSLOTS = SLOTS + 8;
-  static constexpr size_t BYTES = PSLOTS + 8 + 1024;
 };
 
 /* Online softmax over one S tile held as accumulators s (rows g and g + 8 of
@@ -949,13 +883,6 @@ static bool band_free(const FwdArgs &a) {
   fa_mask_row_range(&m, a.nq - 1, &lo1, &hi1);
   return lo0 == 0 && hi0 == a.nk && lo1 == 0 && hi1 == a.nk;
 }
-/* Keys from which a walk that no band cuts takes the wide tiles (H100,
- * docs/PERF.md): from 2048 at D <= 192 (1024 keys: D = 128's 176-key tiles
- * 0.995x the 128-key ones, D = 192's 112-key tiles 0.95x); from 1024 at
- * D = 256, whose 80-key tiles overlap their products and the narrow 64-key
- * ones do not (1.14x at 1024 keys, 1.04x at 512) */
-constexpr int64_t wide_min_keys(int d) { return d > 192 ? 1024 : 2048; }
-
 /* D = 64: 192-row blocks (three warpgroups) gain 4-19% per cell, except
  * under block masks (their 128-row blocks would be straddled) and where a
  * causal or window band leaves the rows under 4096 keys: a 192-row block's
@@ -984,7 +911,7 @@ fa_status sm90_forward(const FwdArgs &a, cudaStream_t s) {
   /* wide key tiles (fwd_bc) where every tile but the last is wholly
    * visible and there are enough of them */
   const int64_t keys = a.cu_q ? a.max_seqlen_k : a.nk;
-  const bool wide = band_free(a) && !a.bmask && !a.block_table && keys >= wide_min_keys(a.d);
+  const bool wide = band_free(a) && !a.bmask && !a.block_table && keys >= sm90::wide_min_keys(a.d);
   return sm90::dispatch_headdim(a.d, [&](auto dd) {
     constexpr int D = decltype(dd)::value;
     if constexpr (D == 64)

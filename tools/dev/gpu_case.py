@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""One decode step or prefill chunk, a few calls of it, for a profiler to capture: our
+forward over a contiguous or paged cache (tools/bench_paged.py's shapes: bf16, D = 128,
+32 query heads on 8 K/V heads; decode: batch 16, one row, 8k keys; prefill: batch 1, 256
+causal rows, 8k keys), or cuDNN's (SDPA) on the same contiguous cache. Three warm-up calls,
+then one more, so that `--launch-skip 3 -c 1` captures a warm call:
+
+  ncu --set full -k regex:fwd_kernel --launch-skip 3 -c 1 -o prefill_p256 \\
+      python3 tools/dev/gpu_case.py prefill --page 256 --lib build-gpu/libflashattn.so
+  ncu -k regex:'sdpa|fprop|cudnn|fmha' --launch-skip 1 -c 2 \\
+      python3 tools/dev/gpu_case.py decode --cudnn --lib build-gpu/libflashattn.so
+"""
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(here, ".."))
+sys.path.insert(0, os.path.join(here, "..", "peers"))
+from bench_paged import Case  # noqa: E402
+from bench_sdpa import Ours  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("shape", choices=["decode", "prefill"])
+    ap.add_argument("--lib", default="build-gpu/libflashattn.so", help="path of libflashattn.so")
+    ap.add_argument("--page", type=int, default=0, help="page size (0: a contiguous cache)")
+    ap.add_argument("--cudnn", action="store_true", help="SDPA's cuDNN backend instead of ours")
+    ap.add_argument("--keys", type=int, default=8192)
+    a = ap.parse_args()
+    lib = Ours(a.lib).lib
+    torch.manual_seed(0)
+    if a.shape == "prefill":
+        c = Case(lib, 1, 32, 8, 128, 256, a.keys, True)
+    else:
+        c = Case(lib, 16, 32, 8, 128, 1, a.keys, False)
+    if a.cudnn:  # non-causal: SDPA's causal is top-left aligned
+        qs, ks, vs = (x.transpose(1, 2) for x in (c.q, c.k, c.v))
+
+        def call():
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)
+    else:
+        call = c.call(a.page, False, False)
+    for _ in range(4):
+        call()
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()

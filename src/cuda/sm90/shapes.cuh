@@ -169,9 +169,10 @@ struct BwdShape {
   static_assert(COLS ? BR == 64 && (DC == 96 || DC == 128) : BR * D == NWG * 64 * 64,
                 "each warpgroup owns a 64 x DQC block of dQ");
   /* A warpgroup's dK/dV columns (and its dQ block's) as wgmma pieces PN0 and
-   * PN1 wide (pieces_of below). At D = 192 no 96-wide operand could start
-   * inside a 64-column swizzle block: warpgroup 0 takes columns 0-63 and
-   * 64-95, warpgroup 1 128-191 and 96-127, an N = 64 and an N = 32 product. */
+   * PN1 wide (backward_sm90.cu's pieces_of). At D = 192 no 96-wide operand
+   * could start inside a 64-column swizzle block: warpgroup 0 takes columns
+   * 0-63 and 64-95, warpgroup 1 128-191 and 96-127, an N = 64 and an N = 32
+   * product. */
   static constexpr int PN0 = DC == 96 ? 64 : DC, PN1 = DC - PN0;
   static constexpr int QN0 = COLS ? PN0 : DQC, QN1 = COLS ? PN1 : 0;
   static constexpr int DS_BUFS = COLS ? 1 : 2;

@@ -25,9 +25,9 @@
 
 #include "attn.cuh"
 #include "backend.h"
+#include "combine.cuh"
 #include "common/log2.h"
 #include "common/mask.h"
-#include "combine.cuh"
 #include "common/philox.h"
 #include "extension.cuh"
 #include "tile.cuh"
@@ -393,23 +393,8 @@ __global__ void __launch_bounds__(NW * 32, EXT ? 1 : 0) flash_fwd_kernel(const F
             acc_s[mt][nt][2 * r + e] = x;
             mx = fmaxf(mx, x);
           }
-        float base;
-        const float alpha = online_rescale(m_run[mt][r], mx, mul, &base);
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pe = exp2f(fmaf(acc_s[mt][nt][2 * r + e], mul, -base));
-            acc_s[mt][nt][2 * r + e] = pe;
-            sum += pe;
-          }
-        l_run[mt][r] = l_run[mt][r] * alpha + sum;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-          acc_o[mt][dt][2 * r] *= alpha;
-          acc_o[mt][dt][2 * r + 1] *= alpha;
-        }
+        float alpha;
+        online_row<true>(acc_s[mt], acc_o[mt], r, mx, m_run[mt][r], l_run[mt][r], alpha, mul);
         /* dropout: P -> Z o P after l took the undropped P */
         if (EXT && p.drop.keep_scale > 0.f) {
           const uint32_t bh = (uint32_t)(b * p.heads_q + h);

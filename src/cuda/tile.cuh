@@ -161,6 +161,35 @@ __device__ __forceinline__ float online_rescale(float &m, float tile_max, float 
   return alpha;
 }
 
+/* The online softmax's step for row r of a tile of scores s (rows g and g +
+ * 8 of a quad's accumulator fragments: s[j][2 r + e], columns 2 t + e of each
+ * 8), whose maximum over the tile is mx (this thread's part; masked scores
+ * -inf): folds mx into m, turns the scores into P = exp2(s mul - m mul) in
+ * place, adds their sum into l (rescaled) and, with RESCALE_O, rescales O's
+ * row r; alpha: the rescaling factor (for a caller that rescales O later). */
+template <bool RESCALE_O, int NS, int NO>
+__device__ __forceinline__ void online_row(float (&s)[NS][4], float (&o)[NO][4], int r, float mx,
+                                           float &m, float &l, float &alpha, float mul) {
+  float base;
+  alpha = online_rescale(m, mx, mul, &base);
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < NS; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float pe = exp2f(fmaf(s[j][2 * r + e], mul, -base));
+      s[j][2 * r + e] = pe;
+      sum += pe;
+    }
+  l = l * alpha + sum;
+  if (RESCALE_O)
+#pragma unroll
+    for (int j = 0; j < NO; ++j) {
+      o[j][2 * r] *= alpha;
+      o[j][2 * r + 1] *= alpha;
+    }
+}
+
 /* Final normalisation of a row: 1/l (0 for a fully masked row) and the
  * natural-log log-sum-exp (-inf for a fully masked row). */
 __device__ __forceinline__ float online_finish(float m, float l_partial, float *lse) {

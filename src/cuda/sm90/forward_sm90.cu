@@ -70,24 +70,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BC / 8][4], float (&o)[D
     for (int j = 0; j < BC / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) mx = fmaxf(mx, s[j][2 * r + e]);
-    float base;
-    alpha[r] = online_rescale(m[r], mx, mul, &base);
-    float sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < BC / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float pe = exp2f(fmaf(s[j][2 * r + e], mul, -base));
-        s[j][2 * r + e] = pe;
-        sum += pe;
-      }
-    l[r] = l[r] * alpha[r] + sum;
-    if (!OVERLAP)
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        o[j][2 * r] *= alpha[r];
-        o[j][2 * r + 1] *= alpha[r];
-      }
+    online_row<!OVERLAP>(s, o, r, mx, m[r], l[r], alpha[r], mul);
   }
 }
 

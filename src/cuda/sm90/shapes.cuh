@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sm90.h"
 #include "wgmma.cuh"
 
 #ifndef FA_SM90_FWD_STAGES
@@ -61,7 +62,7 @@ constexpr int kFwdBC[4] = {FA_SM90_FWD64_BC, FA_SM90_FWD128_BC, FA_SM90_FWD192_B
 constexpr int kFwdWideBC[4] = {FA_SM90_FWD64_WIDE_BC, FA_SM90_FWD128_WIDE_BC,
                                FA_SM90_FWD192_WIDE_BC, FA_SM90_FWD256_WIDE_BC};
 constexpr int fwd_bc(int d, bool wide) {
-  const int i = d > 192 ? 3 : d > 128 ? 2 : d > 64 ? 1 : 0;
+  const int i = headdim(d) / 64 - 1; /* the tables' entry */
   return wide ? kFwdWideBC[i] : kFwdBC[i];
 }
 
@@ -84,9 +85,7 @@ constexpr int fwd_bc(int d, bool wide) {
 #endif
 constexpr int64_t kFwdWideMinKeys[4] = {FA_SM90_FWD64_WIDE_MIN_KEYS, FA_SM90_FWD128_WIDE_MIN_KEYS,
                                         FA_SM90_FWD192_WIDE_MIN_KEYS, FA_SM90_FWD256_WIDE_MIN_KEYS};
-constexpr int64_t wide_min_keys(int d) {
-  return kFwdWideMinKeys[d > 192 ? 3 : d > 128 ? 2 : d > 64 ? 1 : 0];
-}
+constexpr int64_t wide_min_keys(int d) { return kFwdWideMinKeys[headdim(d) / 64 - 1]; }
 
 /* NWG consumer warpgroups of 64 query rows: 2 at D = 128, 3 at D = 64 where
  * sm90_forward chooses it (FlashAttention-3's D = 64 shape: the products are

@@ -6,15 +6,18 @@ appends the new rows (and rotates them and q), beside PyTorch SDPA's cuDNN and
 flash backends on the contiguous cache, in the same process. Decode (one query
 row per head) and a causal prefill chunk against the cache. Times are
 microseconds per call replayed from CUDA graphs of 20 calls (tools/bench_decode.py),
-medians; ratios against our contiguous forward of the same keys.
+medians over --rounds rounds that time every column in turn (so that no column sees
+the GPU only cold or only hot); ratios against our contiguous forward of the same keys.
 
 Usage: python3 tools/bench_paged.py --lib build-gpu/libflashattn.so [--json out.json]
            [--quick] [--pages 16,32,64,256] [--only decode|prefill] [--splits N] [--cold]
+           [--rounds R]
 """
 import argparse
 import ctypes as C
 import json
 import os
+import statistics
 import sys
 
 import torch
@@ -22,8 +25,8 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
-from bench_decode import graph_us  # noqa: E402
-from bench_sdpa import BACKENDS, FaParams, FaTensor, Ours  # noqa: E402
+from bench_decode import capture  # noqa: E402
+from bench_sdpa import BACKENDS, FaParams, FaTensor, Ours, time_ms  # noqa: E402
 
 
 class FaKvcache(C.Structure):
@@ -176,6 +179,8 @@ def main():
     ap.add_argument("--cold", action="store_true",
                     help="rotate over copies of each cache (128 MiB at least in all), so that "
                     "calls read their cache from memory, not from the L2 the last call filled")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds that time every column in turn; each column's median")
     ap.add_argument("--splits", type=int, default=0,
                     help="our calls' params.num_splits (0: the library's choice; 1: no split)")
     a = ap.parse_args()
@@ -202,9 +207,10 @@ def main():
             n = -(-(128 << 20) // cache_bytes) if a.cold else 1
             c = Cases(n, lib, B, 32, 8, 128, nq, Nk, causal, a.splits)
             r = {"shape": kind, "B": B, "nq": nq, "Nk": Nk, "causal": causal}
+            graphs = {}
             for name, page, append, rotary in cols:
                 try:
-                    r[name] = graph_us(c.call(page, append, rotary), 20, a.reps)
+                    graphs[name] = capture(c.call(page, append, rotary), 20)
                 except Exception as ex:
                     r[name] = None
                     print("  %s: %s" % (name, ex), file=sys.stderr)
@@ -221,9 +227,15 @@ def main():
                         return one
                     fn = round_robin([sdpa(cc) for cc in c.all])
                     fn()
-                    r[name] = graph_us(fn, 20, a.reps)
+                    graphs[name] = capture(fn, 20)
                 except Exception:
                     r[name] = None
+            times = {name: [] for name in graphs}
+            for _ in range(a.rounds):
+                for name, g in graphs.items():
+                    times[name].append(time_ms(g.replay, 3, a.reps) * 1e3 / 20)
+            r.update({name: statistics.median(t) for name, t in times.items()})
+            del graphs
             rows.append(r)
             base = r["contig"]
 

@@ -22,13 +22,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_sdpa import BACKENDS, Ours, time_ms  # noqa: E402
 
 
-def graph_us(fn, calls, reps):
-    """Microseconds per call of fn replayed from a CUDA graph of `calls` calls: without
-    the host's per-call cost (~50 us through Python, more than a short decode's kernel),
-    as a serving loop that captures its decode step runs it."""
+def capture(fn, calls):
+    """A CUDA graph of `calls` calls of fn (warmed up off the capture, as torch requires)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the capture, as torch requires
+    with torch.cuda.stream(side):
         for _ in range(3):
             fn()
     torch.cuda.current_stream().wait_stream(side)
@@ -36,7 +34,14 @@ def graph_us(fn, calls, reps):
     with torch.cuda.graph(g):
         for _ in range(calls):
             fn()
-    return time_ms(g.replay, 3, reps) * 1e3 / calls
+    return g
+
+
+def graph_us(fn, calls, reps):
+    """Microseconds per call of fn replayed from a CUDA graph of `calls` calls: without
+    the host's per-call cost (~50 us through Python, more than a short decode's kernel),
+    as a serving loop that captures its decode step runs it."""
+    return time_ms(capture(fn, calls).replay, 3, reps) * 1e3 / calls
 
 
 def main():

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""One decode step or prefill chunk, a few calls of it, for a profiler to capture: our
-forward over a contiguous or paged cache (tools/bench_paged.py's shapes: bf16, D = 128,
-32 query heads on 8 K/V heads; decode: batch 16, one row, 8k keys; prefill: batch 1, 256
-causal rows, 8k keys), or cuDNN's (SDPA) on the same contiguous cache. Three warm-up calls,
-then one more, so that `--launch-skip 3 -c 1` captures a warm call:
+"""One decode step, prefill chunk or short causal forward, a few calls of it, for a
+profiler to capture: our forward over a contiguous or paged cache (tools/bench_paged.py's
+shapes: bf16, D = 128, 32 query heads on 8 K/V heads; decode: batch 16, one row, 8k keys;
+prefill: batch 1, 256 causal rows, 8k keys; short: B32 H16 N512 D64 f16 causal, no cache),
+or cuDNN's (SDPA) on the same tensors. Three warm-up calls, then one more, so that
+`--launch-skip 3 -c 1` captures a warm call:
 
   ncu --set full -k regex:fwd_kernel --launch-skip 3 -c 1 -o prefill_p256 \\
       python3 tools/dev/gpu_case.py prefill --page 256 --lib build-gpu/libflashattn.so
@@ -27,14 +28,29 @@ from bench_sdpa import Ours  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("shape", choices=["decode", "prefill"])
+    ap.add_argument("shape", choices=["decode", "prefill", "short"])
     ap.add_argument("--lib", default="build-gpu/libflashattn.so", help="path of libflashattn.so")
     ap.add_argument("--page", type=int, default=0, help="page size (0: a contiguous cache)")
     ap.add_argument("--cudnn", action="store_true", help="SDPA's cuDNN backend instead of ours")
     ap.add_argument("--keys", type=int, default=8192)
     a = ap.parse_args()
-    lib = Ours(a.lib).lib
+    ours = Ours(a.lib)
+    lib = ours.lib
     torch.manual_seed(0)
+    if a.shape == "short":
+        q, k, v = (torch.randn(32, 16, 512, 64, device="cuda", dtype=torch.float16)
+                   for _ in range(3))
+
+        def call():
+            if a.cudnn:
+                with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                    F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                ours.forward(q, k, v, True)
+        for _ in range(4):
+            call()
+        torch.cuda.synchronize()
+        return
     if a.shape == "prefill":
         c = Case(lib, 1, 32, 8, 128, 256, a.keys, True)
     else:

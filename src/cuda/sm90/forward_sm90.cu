@@ -138,6 +138,7 @@ template <int D, int NWG, int KB, bool DECODE, bool PAGED>
 struct FwdCtx {
   using S = FwdShape<D, NWG, KB>;
   using L = FwdSmem<D, NWG, KB>;
+  static_assert(sizeof(FwdBlock) <= L::BLOCK_BYTES, "a block fits its slot");
   static constexpr int BR = S::BR, BC = S::BC, ST = S::ST, NC = S::NWG * 128; /* consumer threads */
   static constexpr int QST = L::QST;
   const int &pack, &rq;
@@ -148,6 +149,14 @@ struct FwdCtx {
    * ring's position i runs in step; a block's tiles run from the last to the
    * first, so a causal block's masked tiles come first. */
   volatile int *slot;
+  /* Block j (FwdSetup::setup) as the producer's walking warp resolves it,
+   * in place: the producer's other warps and the consumers read it rather
+   * than resolve it again. Three places: the walker writes block j once
+   * Q's stage of block j - 2 (j - 1 with one stage) is free, so every
+   * reader is done with block j - 3. */
+  __device__ __forceinline__ FwdBlock &block(int j) const {
+    return *smem_at<FwdBlock>(sQ + L::BLOCKS + (j % 3) * L::BLOCK_BYTES);
+  }
   __device__ __forceinline__ uint32_t q_full(int qs) const { return bars + 8 * qs; }
   __device__ __forceinline__ uint32_t q_empty(int qs) const { return bars + 8 * (QST + qs); }
   __device__ __forceinline__ uint32_t k_full(int st) const { return bars + 8 * (2 * QST + st); }
@@ -241,18 +250,15 @@ __device__ __forceinline__ void fwd_producer(const FwdParams &P,
     const uint32_t pslot = c.sQ + L::PSLOTS; /* a 32-bit address: fewer registers */
     const bool walker = NW == 1 || warp == 0;
     const int total = P.sched.total();
-    FwdBlock k;
     int i = 0, t = blockIdx.x;
     for (int j = 0;; ++j, t = walker ? take() : t) {
+      FwdBlock &k = c.block(j);
       if (walker)
         while (t < total && !su.setup(t, k)) t = take();
       if (NW > 1) {
         if (tid == 0) st_shared_u32(pslot + 4 * (j & 1), t);
         named_sync(7, 32 * NW);
-        if (!walker) {
-          t = ld_shared_volatile_u32(pslot + 4 * (j & 1));
-          if (t < total) su.setup(t, k);
-        }
+        if (!walker) t = ld_shared_volatile_u32(pslot + 4 * (j & 1));
       }
       const bool more = t < total;
       if (tid == 0) { /* Q once the consumers are done with the stage's last block */
@@ -630,7 +636,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdParams &P,
     mbar_wait(c.q_full(qs), (j / QST) & 1);
     const int blk = c.slot[j & 1];
     if (blk < 0) break;
-    su.setup(blk, k);
+    k = c.block(j);
     const uint32_t q_base = c.sQ + qs * L::QBYTES + wg * 64 * 128; /* this warpgroup's Q rows */
     float o[D / 8][4];
 #pragma unroll

@@ -136,10 +136,12 @@ struct FwdSmem {
   static constexpr uint32_t BARS = O0 + OBYTES;
   /* barriers: q_full[QST], q_empty[QST], k_full[ST], v_full[ST],
    * k_empty[ST], v_empty[ST]; then the block index of Q's two phases, for
-   * the consumers and for the producer's other warps (a paged cache); plus
-   * 1 KB to align the base to 1024 bytes */
+   * the consumers and for the producer's other warps (a paged cache), and
+   * three blocks as the producer resolved them (FwdBlock, at most
+   * BLOCK_BYTES each); plus 1 KB to align the base to 1024 bytes */
   static constexpr uint32_t SLOTS = BARS + 8 * (2 * QST + 4 * S::ST), PSLOTS = SLOTS + 8;
-  static constexpr size_t BYTES = PSLOTS + 8 + 1024;
+  static constexpr uint32_t BLOCKS = PSLOTS + 8, BLOCK_BYTES = 144;
+  static constexpr size_t BYTES = BLOCKS + 3 * BLOCK_BYTES + 1024;
 };
 
 /* BR = 128 at D = 64: each step then carries twice the products for the

@@ -266,18 +266,20 @@ __device__ __forceinline__ void for_each_live(int count, Skip skip, F f) {
       f(k0 + __ffs(live) - 1);
 }
 
-/* Element offset of row r's 8-column chunk c in a staging tile of rows of D
- * with the chunks XOR-swizzled by r % 8: a warp's fragment rows g = 0..7
- * then write 32 different banks, with no padding (D a multiple of 64). */
-template <int D>
-__device__ __forceinline__ int stage_o_at(int r, int c) {
-  return r * D + ((c ^ (r & 7)) << 3);
+/* Element offset of row r's 8-column chunk c in a staging tile of boxes of
+ * ROWS rows x 64 columns, one after the other, each in the tensor copy
+ * engine's 128-byte swizzle (chunk c of a row at c ^ (r % 8), the tile
+ * 1024-byte aligned): a warp's fragment rows g = 0..7 then write 32
+ * different banks, with no padding, and a box can be stored by TMA as it is. */
+template <int ROWS>
+__device__ __forceinline__ int stage_box_at(int r, int c) {
+  return (c >> 3) * ROWS * 64 + r * 64 + (((c & 7) ^ (r & 7)) << 3);
 }
 
-/* Shared memory (row stride D + 8, or SWZ: stage_o_at's layout, whose
- * rows must start at multiples of 8) -> ROWS x d tile of a strided tensor,
- * 16-byte stores; rows >= valid_rows and columns >= d are not written. */
-template <typename T, int ROWS, int D, int NT, bool SWZ = false>
+/* Shared memory (BOX = 0: row stride D + 8; else stage_box_at<BOX>'s
+ * layout) -> ROWS x d tile of a strided tensor, 16-byte stores; rows >=
+ * valid_rows and columns >= d are not written. */
+template <typename T, int ROWS, int D, int NT, int BOX = 0>
 __device__ __forceinline__ void store_tile(T *g, int64_t stride, const T *s, int valid_rows, int d,
                                            int tid) {
   constexpr int CPR = D / 8, LD = D + 8;
@@ -286,7 +288,7 @@ __device__ __forceinline__ void store_tile(T *g, int64_t stride, const T *s, int
     const int idx = tid + it * NT;
     const int row = idx / CPR, ch = idx % CPR;
     if ((ROWS * CPR % NT == 0 || idx < ROWS * CPR) && row < valid_rows && ch * 8 < d) {
-      const T *src = s + (SWZ ? stage_o_at<D>(row, ch) : row * LD + ch * 8);
+      const T *src = s + (BOX ? stage_box_at<BOX>(row, ch) : row * LD + ch * 8);
       T *dst = g + row * stride + ch * 8;
       if (ch * 8 + 8 <= d) {
         *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);

@@ -48,10 +48,12 @@ namespace sm90 {
 struct FwdParams {
   FwdArgs a;
   CUtensorMap tq, tk, tv; /* (d, seqlen, heads, batch) boxes of 64 columns */
+  CUtensorMap to;         /* O's (boxes of StagedO's rows), where o_map */
   Schedule sched;         /* query blocks per (sequence, head), in launch order */
   FastDiv by_nsplit;      /* a decode schedule's heads are (head, split) pairs */
   int box;                /* a paged cache: rows per K/V box, gcd(page size, BC) */
   int kv_rows;            /* a KV cache's map: rows from one sequence to the next */
+  int o_map;              /* a staged epilogue whose O has 16-byte aligned rows */
 };
 
 /* Online softmax over one S tile held as accumulators s (rows g and g + 8 of
@@ -343,35 +345,47 @@ __device__ __forceinline__ void fwd_store_rows(const FwdParams &P,
   }
 }
 
-/* The other epilogue (D <= 192, no split): O through its staging tile. */
+/* The other epilogue (D <= 192, no split): O through its staging tile, in
+ * boxes of ER rows (StagedO) that one thread hands to the copy engine where
+ * O's tensor map exists (FwdParams::o_map), else every thread stores. */
+template <int NWG>
+struct StagedO {
+  /* With two warpgroups each stages and stores its own 64 rows between
+   * barriers of its own (4 + wg): one warpgroup's epilogue then runs under
+   * the other's last products instead of waiting for them (D = 128: +2-4%
+   * causal at 512-2048 keys). Three (D = 64) keep block-wide ones: their
+   * own were 2.5% slower at 512 keys (docs/PERF.md). */
+  static constexpr bool OWN = NWG == 2;
+  static constexpr int ER = OWN ? 64 : 64 * NWG, ET = OWN ? 128 : 128 * NWG;
+  int bar, er0, etid; /* the group's barrier, first row, this thread's index in it */
+  __device__ __forceinline__ StagedO(int ctid)
+      : bar(OWN ? 4 + (ctid >> 7) : 1),
+        er0(OWN ? (ctid >> 7) * 64 : 0),
+        etid(OWN ? ctid & 127 : ctid) {}
+  /* the thread that issues the group's copies: the previous block's boxes
+   * read out of the staging tile before the group writes it again */
+  __device__ __forceinline__ void drained(const FwdParams &P) const {
+    if (P.o_map && etid == 0) bulk_wait<0, true>();
+  }
+};
 template <typename T, int D, int NWG, int KB, bool DECODE, bool PAGED>
 __device__ __forceinline__ void fwd_store_staged(const FwdParams &P,
                                                  const FwdCtx<D, NWG, KB, DECODE, PAGED> &c,
                                                  const FwdBlock &k, const float (&o)[D / 8][4],
                                                  const float (&m_run)[2], const float (&l_run)[2],
                                                  int ctid, int wrow, int g, int t) {
-  using C = FwdCtx<D, NWG, KB, DECODE, PAGED>;
-  using S = typename C::S;
-  using L = typename C::L;
-  constexpr int BR = C::BR, NC = C::NC;
+  using L = typename FwdCtx<D, NWG, KB, DECODE, PAGED>::L;
+  using E = StagedO<NWG>;
   const FwdArgs &p = P.a;
   const float mul = p.scale_log2;
-  const int wg = ctid >> 7;
-  T *sO = smem_at<T>(c.sQ + L::O0);
+  const E e(ctid);
+  const uint32_t o_at = c.sQ + L::O0 + e.er0 * D * 2; /* the group's boxes */
+  T *sO = smem_at<T>(o_at);
   float *lse_row = p.lse + k.sv.lse0 + k.h * k.sv.lse_hs + k.r0;
-  T *o_blk = (T *)p.o + k.sv.qb * p.o_sb + (k.sv.q0 + k.r0) * p.o_ss + k.h * p.o_sh;
-  /* Normalise, write lse, stage O (stage_o_at) through shared memory and
-   * store it. With two warpgroups each stages and stores its own 64 rows
-   * between barriers of its own (4 + wg): one warpgroup's epilogue then
-   * runs under the other's last products instead of waiting for them
-   * (D = 128: +2-4% causal at 512-2048 keys). Three (D = 64) keep
-   * block-wide ones: their own were 2.5% slower at 512 keys (docs/PERF.md).
-   * The first barrier: every thread of the group is done storing its
-   * previous rows. */
-  constexpr bool OWN = S::NWG == 2;
-  constexpr int ER = OWN ? 64 : BR, ET = OWN ? 128 : NC;
-  const int bar = OWN ? 4 + wg : 1, er0 = OWN ? wg * 64 : 0;
-  named_sync(bar, ET);
+  /* Normalise, write lse, stage O, store it. The first barrier: the
+   * group's previous rows are out of the staging tile. */
+  e.drained(P);
+  named_sync(e.bar, E::ET);
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     float lse;
@@ -380,12 +394,25 @@ __device__ __forceinline__ void fwd_store_staged(const FwdParams &P,
     if (t == 0 && lr < k.rows) lse_row[lr] = lse;
 #pragma unroll
     for (int jj = 0; jj < D / 8; ++jj)
-      *reinterpret_cast<uint32_t *>(sO + stage_o_at<D>(lr, jj) + 2 * t) =
+      *reinterpret_cast<uint32_t *>(sO + stage_box_at<E::ER>(lr - e.er0, jj) + 2 * t) =
           pack2<T>(o[jj][2 * rr] * inv, o[jj][2 * rr + 1] * inv);
   }
-  named_sync(bar, ET);
-  store_tile<T, ER, D, ET, true>(o_blk + er0 * p.o_ss, p.o_ss, sO + er0 * D, k.rows - er0, p.d,
-                                 OWN ? ctid & 127 : ctid);
+  if (P.o_map) { /* rows past the sequence fall outside the map: not written */
+    fence_proxy_async();
+    named_sync(e.bar, E::ET);
+    if (e.etid == 0) {
+      const MapSeq mo = map_seq(p.cu_q != nullptr, k.b, p.nq, k.sv.q0, k.sv.nq);
+#pragma unroll
+      for (int cc = 0; cc < D / 64; ++cc)
+        tma_store_4d(&P.to, o_at + cc * E::ER * 128, cc * 64, mo.row + k.r0 + e.er0, k.h, mo.batch);
+      bulk_commit();
+    }
+    return;
+  }
+  named_sync(e.bar, E::ET);
+  T *o_blk = (T *)p.o + k.sv.qb * p.o_sb + (k.sv.q0 + k.r0) * p.o_ss + k.h * p.o_sh;
+  store_tile<T, E::ER, D, E::ET, E::ER>(o_blk + e.er0 * p.o_ss, p.o_ss, sO, k.rows - e.er0, p.d,
+                                        e.etid);
 }
 
 /* A consumer thread: ctid among the consumer threads, in warpgroup wg (64
@@ -653,6 +680,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdParams &P,
     else
       fwd_store_staged<T>(P, c, k, o, m_run, l_run, ctid, wrow, g, t);
   }
+  if constexpr (!DECODE && S::STAGE_O) StagedO<NWG>(ctid).drained(P); /* before the CTA exits */
 }
 
 /* DECODE: the decode shapes' kernel (sm90_forward), with the query heads of
@@ -712,6 +740,16 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 #endif
 }
 
+/* O's rows start and end on 16-byte boundaries: its tensor map needs the
+ * first (strides of extent-1 dimensions are free; a packed tensor's batch
+ * stride is its row stride), and a store writes whole 16-byte pieces, past
+ * the head dim up to the next boundary (seen on an H100) */
+static bool o_rows_aligned(const FwdArgs &a) {
+  auto ok = [](int64_t extent, int64_t stride) { return extent <= 1 || stride % 8 == 0; };
+  return (uintptr_t)a.o % 16 == 0 && a.d % 8 == 0 && ok(a.nq, a.o_ss) && ok(a.heads_q, a.o_sh) &&
+         (a.cu_q || ok(a.batch, a.o_sb));
+}
+
 template <typename T, int D, int NWG, int KB, bool DECODE, bool PAGED, int PW>
 fa_status fwd_launch_as(const FwdArgs &a, cudaStream_t stream) {
   using S = FwdShape<D, NWG, KB>;
@@ -732,6 +770,14 @@ fa_status fwd_launch_as(const FwdArgs &a, cudaStream_t stream) {
   if ((st = make_map(&prm.tq, BF, a.q, a.d, a.nq, a.heads_q, a.batch, a.q_ss, a.q_sh, a.q_sb, pk,
                      rq, pack)) != FA_OK)
     return st;
+  prm.o_map = 0;
+  if constexpr (!DECODE && S::STAGE_O) /* O's map where its rows are aligned, else thread stores */
+    if (o_rows_aligned(a)) {
+      if ((st = make_map(&prm.to, BF, a.o, a.d, a.nq, a.heads_q, a.batch, a.o_ss, a.o_sh, a.o_sb,
+                         pk, StagedO<NWG>::ER, 1)) != FA_OK)
+        return st;
+      prm.o_map = 1;
+    }
   if (a.block_table) { /* the pools, boxes of a page-aligned run of rows */
     int g = S::BC, r = a.page;
     while (r) g %= r, std::swap(g, r);

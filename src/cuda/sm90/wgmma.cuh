@@ -278,6 +278,17 @@ __device__ __forceinline__ void tma_reduce_add_4d(const void *map, uint32_t src,
       "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
       : "memory");
 }
+/* Stores the box of a 4-d tensor map at (c0..c3) from shared memory at src,
+ * in the current bulk group; the box's parts outside the tensor are not
+ * written. */
+__device__ __forceinline__ void tma_store_4d(const void *map, uint32_t src, int c0, int c1, int c2,
+                                             int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::
+          "l"(map),
+      "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+      : "memory");
+}
 __device__ __forceinline__ void bulk_commit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }

@@ -276,6 +276,9 @@ __device__ __forceinline__ void fwd_producer(const FwdParams &P,
           mbar_arrive(c.q_full(qs));
         }
       }
+      /* the walker's lanes write the next block's slot (block j - 2's) after
+       * tid 0 saw block j - QST released: this orders them after its wait */
+      __syncwarp();
       if (!more) break;
       const int hk = k.h / p.group;
       const MapSeq mk = map_kv(p, P.kv_rows, k.b, k.sv);

@@ -85,7 +85,8 @@ __device__ __forceinline__ void load_tile_sw128(uint32_t s, const T *g, int64_t 
   }
 }
 
-/* Generic-proxy writes (cp.async, st.shared) -> visible to wgmma reads. */
+/* Generic-proxy writes (cp.async, st.shared) -> visible to the async
+ * proxy's reads (wgmma, TMA stores). */
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
@@ -279,8 +280,9 @@ __device__ __forceinline__ void tma_reduce_add_4d(const void *map, uint32_t src,
       : "memory");
 }
 /* Stores the box of a 4-d tensor map at (c0..c3) from shared memory at src,
- * in the current bulk group; the box's parts outside the tensor are not
- * written. */
+ * in the current bulk group. The box's parts outside the tensor are not
+ * written, in whole 16-byte pieces: a row that ends inside one is written
+ * to the piece's end. */
 __device__ __forceinline__ void tma_store_4d(const void *map, uint32_t src, int c0, int c1, int c2,
                                              int c3) {
   asm volatile(

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
-from bench_decode import capture  # noqa: E402
-from bench_sdpa import BACKENDS, FaParams, FaTensor, Ours, time_ms  # noqa: E402
+from bench_decode import capture, replay_us  # noqa: E402
+from bench_sdpa import BACKENDS, FaParams, FaTensor, Ours  # noqa: E402
 
 
 class FaKvcache(C.Structure):
@@ -233,7 +233,7 @@ def main():
             times = {name: [] for name in graphs}
             for _ in range(a.rounds):
                 for name, g in graphs.items():
-                    times[name].append(time_ms(g.replay, 3, a.reps) * 1e3 / 20)
+                    times[name].append(replay_us(g, 20, a.reps))
             r.update({name: statistics.median(t) for name, t in times.items()})
             del graphs
             rows.append(r)

@@ -11,13 +11,20 @@
 
 namespace fa {
 
-/* The flash kernels read and write 16-byte rows. */
-inline bool rows_aligned(const fa_tensor *t) {
-  if ((uintptr_t)t->data % 16) return false;
-  if (t->batch > 1 && t->stride_batch % 8) return false;
-  if (t->seqlen > 1 && t->stride_seq % 8) return false;
-  if (t->heads > 1 && t->stride_head % 8) return false;
+/* The flash kernels read and write 16-byte rows: a 16-bit tensor at data
+ * whose strides (in elements) of dimensions with more than one entry are
+ * multiples of 8. */
+inline bool rows_aligned(const void *data, int64_t batch, int64_t sb, int64_t seqlen, int64_t ss,
+                         int64_t heads, int64_t sh) {
+  if ((uintptr_t)data % 16) return false;
+  if (batch > 1 && sb % 8) return false;
+  if (seqlen > 1 && ss % 8) return false;
+  if (heads > 1 && sh % 8) return false;
   return true;
+}
+inline bool rows_aligned(const fa_tensor *t) {
+  return rows_aligned(t->data, t->batch, t->stride_batch, t->seqlen, t->stride_seq, t->heads,
+                      t->stride_head);
 }
 
 /* Head dims run the kernel of the next size, extra columns zero-filled. */

@@ -37,11 +37,16 @@ def capture(fn, calls):
     return g
 
 
+def replay_us(g, calls, reps):
+    """Microseconds per call of a CUDA graph g of `calls` calls, median of reps replays."""
+    return time_ms(g.replay, 3, reps) * 1e3 / calls
+
+
 def graph_us(fn, calls, reps):
     """Microseconds per call of fn replayed from a CUDA graph of `calls` calls: without
     the host's per-call cost (~50 us through Python, more than a short decode's kernel),
     as a serving loop that captures its decode step runs it."""
-    return time_ms(capture(fn, calls).replay, 3, reps) * 1e3 / calls
+    return replay_us(capture(fn, calls), calls, reps)
 
 
 def main():

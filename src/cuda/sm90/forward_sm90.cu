@@ -37,6 +37,7 @@
 
 #include "../attn.cuh"
 #include "../combine.cuh"
+#include "../layout.cuh"
 #include "schedule.cuh"
 #include "shapes.cuh"
 #include "sm90.h"
@@ -744,13 +745,12 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 }
 
 /* O's rows start and end on 16-byte boundaries: its tensor map needs the
- * first (strides of extent-1 dimensions are free; a packed tensor's batch
- * stride is its row stride), and a store writes whole 16-byte pieces, past
- * the head dim up to the next boundary (seen on an H100) */
+ * first (a packed tensor's batch stride is its row stride), and a store
+ * writes whole 16-byte pieces, past the head dim up to the next boundary
+ * (seen on an H100) */
 static bool o_rows_aligned(const FwdArgs &a) {
-  auto ok = [](int64_t extent, int64_t stride) { return extent <= 1 || stride % 8 == 0; };
-  return (uintptr_t)a.o % 16 == 0 && a.d % 8 == 0 && ok(a.nq, a.o_ss) && ok(a.heads_q, a.o_sh) &&
-         (a.cu_q || ok(a.batch, a.o_sb));
+  return a.d % 8 == 0 &&
+         rows_aligned(a.o, a.cu_q ? 1 : a.batch, a.o_sb, a.nq, a.o_ss, a.heads_q, a.o_sh);
 }
 
 template <typename T, int D, int NWG, int KB, bool DECODE, bool PAGED, int PW>

@@ -154,8 +154,8 @@ struct FwdCtx {
   volatile int *slot;
   /* Block j (FwdSetup::setup) as the producer's walking warp resolves it,
    * in place: the producer's other warps and the consumers read it rather
-   * than resolve it again. Three places: the walker writes block j once
-   * Q's stage of block j - 2 (j - 1 with one stage) is free, so every
+   * than resolve it again. Three places: the walker's tid 0 writes block j
+   * once Q's stage of block j - 2 (j - 1 with one stage) is free, so every
    * reader is done with block j - 3. */
   __device__ __forceinline__ FwdBlock &block(int j) const {
     return *smem_at<FwdBlock>(sQ + L::BLOCKS + (j % 3) * L::BLOCK_BYTES);
@@ -244,20 +244,24 @@ __device__ __forceinline__ void fwd_producer(const FwdParams &P,
   constexpr int NW = PW;
   const int warp = tid >> 5, lane = tid & 31;
   if (warp < NW) {
-    /* lane 0 takes the next block, the warp learns it */
-    auto take = [&]() {
-      int t = 0;
-      if (tid == 0) t = P.sched.take();
-      return __shfl_sync(0xffffffffu, t, 0);
-    };
     const uint32_t pslot = c.sQ + L::PSLOTS; /* a 32-bit address: fewer registers */
     const bool walker = NW == 1 || warp == 0;
     const int total = P.sched.total();
     int i = 0, t = blockIdx.x;
-    for (int j = 0;; ++j, t = walker ? take() : t) {
+    for (int j = 0;; ++j) {
       FwdBlock &k = c.block(j);
-      if (walker)
-        while (t < total && !su.setup(t, k)) t = take();
+      /* tid 0 takes the next block and writes it (after its wait, in the
+       * previous block, for the slot's last readers to be done), and
+       * publishes it: to the consumers with Q's barrier, to its warp with
+       * the warp barrier */
+      if (walker) {
+        if (tid == 0) {
+          if (j > 0) t = P.sched.take();
+          while (t < total && !su.setup(t, k)) t = P.sched.take();
+        }
+        t = __shfl_sync(0xffffffffu, t, 0);
+        __syncwarp();
+      }
       if (NW > 1) {
         if (tid == 0) st_shared_u32(pslot + 4 * (j & 1), t);
         named_sync(7, 32 * NW);
@@ -277,9 +281,6 @@ __device__ __forceinline__ void fwd_producer(const FwdParams &P,
           mbar_arrive(c.q_full(qs));
         }
       }
-      /* the walker's lanes write the next block's slot (block j - 2's) after
-       * tid 0 saw block j - QST released: this orders them after its wait */
-      __syncwarp();
       if (!more) break;
       const int hk = k.h / p.group;
       const MapSeq mk = map_kv(p, P.kv_rows, k.b, k.sv);

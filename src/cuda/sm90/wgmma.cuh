@@ -33,17 +33,25 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo_bytes
          ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
 }
 
+/* Descriptor d moved off bytes (a multiple of 16) further: its start
+ * address field only, in 32 bits (shared addresses stay below 2^18, so the
+ * field does not carry). One descriptor per operand base, then an add per
+ * k16 step, rather than the fields rebuilt from each step's address. */
+__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t off) {
+  return (d & 0xFFFFFFFF00000000ull) | (uint32_t)((uint32_t)d + (off >> 4));
+}
+
 /* Descriptor of k16 step kk of a K-major SW128 operand whose tile has ROWS
  * rows (column block kk / 4, 32 bytes per step inside it); base may point at
  * a row of block 0 that is a multiple of 8. */
 template <int ROWS>
 __device__ __forceinline__ uint64_t sw128_kmajor(uint32_t base, int kk) {
-  return sw128_desc(base + (kk >> 2) * ROWS * 128 + (kk & 3) * 32, 16);
+  return desc_add(sw128_desc(base, 16), (kk >> 2) * ROWS * 128 + (kk & 3) * 32);
 }
 /* Descriptor of k16 step kk (16 rows) of an MN-major SW128 operand whose
  * 64-column blocks are block_bytes apart. */
 __device__ __forceinline__ uint64_t sw128_mnmajor(uint32_t base, int kk, uint32_t block_bytes) {
-  return sw128_desc(base + kk * 16 * 128, block_bytes);
+  return desc_add(sw128_desc(base, block_bytes), kk * 16 * 128);
 }
 
 /* Start of column col (a multiple of 8) of a SW128 tile of ROWS rows as an

@@ -489,16 +489,40 @@ __device__ __forceinline__ void fwd_mask(float (&s)[FwdCtx<D, NWG, KB, DECODE, P
       for (int e = 0; e < 4; ++e)
         if (n * BC + jj * 8 + 2 * t + (e & 1) >= k.sv.nk) s[jj][e] = -INFINITY;
   } else {
+    int64_t lo[2], hi[2];
+    const int64_t c0 = (int64_t)n * BC + 2 * t; /* this thread's first column */
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      int64_t lo, hi;
       const int lr = wrow + g + 8 * rr;
-      fa_mask_row_range(&k.mk, k.r0 + (DECODE ? lr & (c.rq - 1) : lr), &lo, &hi);
-      /* the row's band relative to this thread's first column c0, clamped
-       * to the tile: the per-element compares are 32-bit (Band) */
-      const int64_t c0 = (int64_t)n * BC + 2 * t;
-      const Band a = (Band)min(max(lo - c0, (int64_t)0), (int64_t)BC);
-      const Band b = (Band)min(max(hi - c0, (int64_t)0), (int64_t)BC);
+      fa_mask_row_range(&k.mk, k.r0 + (DECODE ? lr & (c.rq - 1) : lr), &lo[rr], &hi[rr]);
+    }
+    if constexpr (D != 256) {
+      /* A causal band's diagonal tile (every lane's rows see their keys from
+       * the tile's start, and row g + 8's band ends 8 columns after row
+       * g's): row g + 8 at column 8 (jj - 1) + e is masked where row g is at
+       * 8 jj + e, so one compare serves both rows. In 32 bits: sequences
+       * are. */
+      const int b0 = (int)(hi[0] - c0);
+      if (__all_sync(0xffffffffu, lo[0] <= c0 && lo[1] <= c0 && hi[1] - hi[0] == 8)) {
+        bool past[2] = {-8 >= b0, -7 >= b0}; /* row g at jj - 1 */
+#pragma unroll
+        for (int jj = 0; jj < BC / 8; ++jj)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const bool now = jj * 8 + e >= b0;
+            if (now) s[jj][e] = -INFINITY;
+            if (past[e]) s[jj][2 + e] = -INFINITY;
+            past[e] = now;
+          }
+        return;
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      /* the row's band relative to c0, clamped to the tile: the
+       * per-element compares are 32-bit (Band) */
+      const Band a = (Band)min(max(lo[rr] - c0, (int64_t)0), (int64_t)BC);
+      const Band b = (Band)min(max(hi[rr] - c0, (int64_t)0), (int64_t)BC);
 #pragma unroll
       for (int jj = 0; jj < BC / 8; ++jj)
 #pragma unroll

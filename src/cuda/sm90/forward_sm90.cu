@@ -173,30 +173,43 @@ struct FwdCtx {
     return bars + 8 * (2 * QST + 3 * ST + st);
   }
 };
+/* A lane's box of a paged cache's key tile n: lane l of producer warp w
+ * (of NW) holds box l * NW + w, a page-aligned run of the tile's keys, at
+ * row `row` of page pg (live: the box holds keys) */
+struct PagedBox {
+  int n, pg, row, live;
+};
+template <int NW, int BC>
+__device__ __forceinline__ PagedBox paged_box(const FwdParams &P, const FwdBlock &k, int n,
+                                              int warp, int lane) {
+  const FwdArgs &p = P.a;
+  const int bx = lane * NW + warp, key = n * BC + bx * P.box;
+  PagedBox b{n, 0, 0, BC / P.box > bx && key < k.sv.nk};
+  if (b.live) {
+    const int idx = key / p.page;
+    b.row = key - idx * p.page;
+    b.pg = page_of(p, page_row(p, k.b), key);
+  }
+  return b;
+}
 /* A paged cache's key tile n (K/V head hk) into stage st, whose ring phase
- * is ph: lane l of producer warp w (of NW) issues box l * NW + w, a
- * page-aligned run of the tile's keys */
+ * is ph, each lane its box. The next tile's boxes (n - 1: the walk runs
+ * down) are looked up into nb while V's stage is awaited, so the table's
+ * read is off the path from the consumers' release to K's copy. */
 template <int NW, int D, int NWG, int KB, bool DECODE, bool PAGED>
 __device__ __forceinline__ void fwd_load_boxes(const FwdParams &P,
                                                const FwdCtx<D, NWG, KB, DECODE, PAGED> &c,
                                                const FwdBlock &k, int n, int st, int ph, int hk,
-                                               int warp, int lane) {
+                                               int warp, int lane, PagedBox &nb) {
   using L = typename FwdCtx<D, NWG, KB, DECODE, PAGED>::L;
   constexpr int BC = FwdCtx<D, NWG, KB, DECODE, PAGED>::BC;
-  const FwdArgs &p = P.a;
-  const int bx = lane * NW + warp, key = n * BC + bx * P.box; /* its box */
-  const int live = BC / P.box > bx && key < k.sv.nk;
-  int pg = 0, row = 0;
-  if (live) {
-    const int idx = key / p.page;
-    row = key - idx * p.page;
-    pg = page_of(p, page_row(p, k.b), key);
-  }
+  const PagedBox b = nb.n == n ? nb : paged_box<NW, BC>(P, k, n, warp, lane);
+  const int bx = lane * NW + warp;
   /* the boxes that hold keys: the tile's bytes (one warp holding them
    * all counts its lanes: the D = 64 decode kernel has no registers
    * for the division) */
   const int boxes = NW > 1 ? min(BC / P.box, (k.sv.nk - n * BC + P.box - 1) / P.box)
-                           : __popc(__ballot_sync(0xffffffffu, live));
+                           : __popc(__ballot_sync(0xffffffffu, b.live));
   const uint32_t bytes = (uint32_t)boxes * P.box * D * 2;
   const uint32_t dk = c.sQ + L::K0 + st * L::TBYTES + bx * P.box * 128;
   const uint32_t dv = c.sQ + L::V0 + st * L::TBYTES + bx * P.box * 128;
@@ -207,19 +220,20 @@ __device__ __forceinline__ void fwd_load_boxes(const FwdParams &P,
     if (warp == 0) mbar_expect_tx(c.k_full(st), bytes);
   }
   __syncwarp();
-  if (live)
+  if (b.live)
 #pragma unroll
     for (int cc = 0; cc < D / 64; ++cc)
-      tma_load_4d(dk + cc * BC * 128, &P.tk, c.k_full(st), cc * 64, row, hk, pg);
+      tma_load_4d(dk + cc * BC * 128, &P.tk, c.k_full(st), cc * 64, b.row, hk, b.pg);
+  if (n > k.kt.n_begin) nb = paged_box<NW, BC>(P, k, n - 1, warp, lane);
   if (lane == 0) {
     mbar_wait(c.v_empty(st), ph ^ 1);
     if (warp == 0) mbar_expect_tx(c.v_full(st), bytes);
   }
   __syncwarp();
-  if (live)
+  if (b.live)
 #pragma unroll
     for (int cc = 0; cc < D / 64; ++cc)
-      tma_load_4d(dv + cc * BC * 128, &P.tv, c.v_full(st), cc * 64, row, hk, pg);
+      tma_load_4d(dv + cc * BC * 128, &P.tv, c.v_full(st), cc * 64, b.row, hk, b.pg);
 }
 
 template <int PW, int D, int NWG, int KB, bool DECODE, bool PAGED>
@@ -284,11 +298,12 @@ __device__ __forceinline__ void fwd_producer(const FwdParams &P,
       if (!more) break;
       const int hk = k.h / p.group;
       const MapSeq mk = map_kv(p, P.kv_rows, k.b, k.sv);
+      PagedBox nb{-1, 0, 0, 0}; /* the next tile's boxes, looked up ahead */
       for_each_live(k.kt.n_end - k.kt.n_begin, su.tile_skip(k), [&](int kk) {
         const int n = k.kt.n_end - 1 - kk, st = i % ST, ph = (i / ST) & 1;
         ++i;
         if constexpr (PAGED) { /* a box per page-aligned run, each lane its own */
-          fwd_load_boxes<NW>(P, c, k, n, st, ph, hk, warp, lane);
+          fwd_load_boxes<NW>(P, c, k, n, st, ph, hk, warp, lane, nb);
           return;
         }
         if (tid != 0) return;

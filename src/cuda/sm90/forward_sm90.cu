@@ -511,7 +511,7 @@ __device__ __forceinline__ void fwd_mask(float (&s)[FwdCtx<D, NWG, KB, DECODE, P
       const int lr = wrow + g + 8 * rr;
       fa_mask_row_range(&k.mk, k.r0 + (DECODE ? lr & (c.rq - 1) : lr), &lo[rr], &hi[rr]);
     }
-    if constexpr (D != 256) { /* measured at D <= 192 only (D = 256: not yet) */
+    if constexpr (D != 256) { /* D = 256 keeps the general path until measured */
       /* A causal band's diagonal tile (every lane's rows see their keys from
        * the tile's start, and row g + 8's band ends 8 columns after row
        * g's): row g + 8 at column 8 (jj - 1) + e is masked where row g is at

@@ -72,6 +72,47 @@ def ref_attention_np(q, k, v, scale=None, causal=False, window=(-1, -1), softcap
     return out, lse
 
 
+def ref_grads_np(dout, q, k, v, scale=None, causal=False, window=(-1, -1), softcap=0.0,
+                 alibi=None, bound=False):
+    """(dq, dk, dv) of attention on (B, N, H, D) arrays in float64; with bound, instead the
+    magnitudes the rounding errors of a float32 computation scale with (every product's
+    terms taken in absolute value, dS's two terms added, not cancelled): a row that sees a
+    single key has dS = P (dP - D) = 0 exactly, which float32 leaves as noise of that size."""
+    q, k, v, do = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout))
+    b, nq, hq, d = q.shape
+    nk, hk = k.shape[1], k.shape[2]
+    g = hq // hk
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    kr, vr = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, kr) * scale
+    t = None
+    if softcap:
+        t = np.tanh(s / softcap)
+        s = softcap * t
+    keep, dist = _mask_np(nq, nk, causal, window)
+    if alibi is not None:
+        sl = np.broadcast_to(np.asarray(alibi, dtype=np.float64).reshape(-1, hq), (b, hq))
+        s = s - sl[:, :, None, None] * dist
+    s = np.where(keep, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    e = np.exp(s - np.where(np.isfinite(m), m, 0.0))
+    l = e.sum(-1, keepdims=True)
+    p = np.where(l > 0, e / np.where(l > 0, l, 1.0), 0.0)
+    if bound:
+        q, kr, vr, do = (np.abs(x) for x in (q, kr, vr, do))
+    o = np.einsum("bhqk,bkhd->bqhd", p, vr)
+    dv = np.einsum("bhqk,bqhd->bkhd", p, do)
+    dp = np.einsum("bqhd,bkhd->bhqk", do, vr)
+    dd = np.einsum("bqhd,bqhd->bhq", do, o)[..., None]  # D = rowsum(dO o O)
+    ds = p * (dp + dd) if bound else p * (dp - dd)
+    if softcap:
+        ds = ds * (1 - t * t)
+    dq = np.einsum("bhqk,bkhd->bqhd", ds, kr) * scale
+    dk = np.einsum("bhqk,bqhd->bkhd", ds, q) * scale
+    fold = lambda x: x.reshape(b, nk, hk, g, d).sum(3)  # noqa: E731 (a group's heads)
+    return dq, fold(dk), fold(dv)
+
+
 def ref_attention(q, k, v, scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi=None,
                   dtype=None):
     """torch reference (differentiable) on (B, N, H, D) tensors -> (out, lse), in float64 or

@@ -43,9 +43,9 @@ def _mask_np(nq, nk, causal, window):
     return keep, np.abs(i - j).astype(np.float64)
 
 
-def ref_attention_np(q, k, v, scale=None, causal=False, window=(-1, -1), softcap=0.0,
-                     alibi=None):
-    """numpy float64 reference on (B, N, H, D) arrays. Returns (out, lse)."""
+def _probs_np(q, k, v, scale, causal, window, softcap, alibi):
+    """The float64 softmax of (B, N, H, D) arrays: (q, k and v with K/V heads repeated per
+    query head, scale, tanh(S / softcap) or None, P, the row sums l and maxima m)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     b, nq, hq, d = q.shape
     nk, hk = k.shape[1], k.shape[2]
@@ -53,8 +53,10 @@ def ref_attention_np(q, k, v, scale=None, causal=False, window=(-1, -1), softcap
     k = np.repeat(k, hq // hk, axis=2)
     v = np.repeat(v, hq // hk, axis=2)
     s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    t = None
     if softcap:
-        s = softcap * np.tanh(s / softcap)
+        t = np.tanh(s / softcap)
+        s = softcap * t
     keep, dist = _mask_np(nq, nk, causal, window)
     if alibi is not None:
         sl = np.asarray(alibi, dtype=np.float64)
@@ -62,11 +64,18 @@ def ref_attention_np(q, k, v, scale=None, causal=False, window=(-1, -1), softcap
         s = s - sl[:, :, None, None] * dist
     s = np.where(keep, s, -np.inf)
     m = s.max(-1, keepdims=True)
-    msafe = np.where(np.isfinite(m), m, 0.0)
-    e = np.exp(s - msafe)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(s - m)
     l = e.sum(-1, keepdims=True)
     p = np.where(l > 0, e / np.where(l > 0, l, 1.0), 0.0)
-    lse = np.where(l[..., 0] > 0, np.log(np.where(l[..., 0] > 0, l[..., 0], 1.0)) + msafe[..., 0],
+    return q, k, v, scale, t, p, l, m
+
+
+def ref_attention_np(q, k, v, scale=None, causal=False, window=(-1, -1), softcap=0.0,
+                     alibi=None):
+    """numpy float64 reference on (B, N, H, D) arrays. Returns (out, lse)."""
+    _, _, v, _, _, p, l, m = _probs_np(q, k, v, scale, causal, window, softcap, alibi)
+    lse = np.where(l[..., 0] > 0, np.log(np.where(l[..., 0] > 0, l[..., 0], 1.0)) + m[..., 0],
                    -np.inf)
     out = np.einsum("bhqk,bkhd->bqhd", p, v)
     return out, lse
@@ -78,26 +87,9 @@ def ref_grads_np(dout, q, k, v, scale=None, causal=False, window=(-1, -1), softc
     magnitudes the rounding errors of a float32 computation scale with (every product's
     terms taken in absolute value, dS's two terms added, not cancelled): a row that sees a
     single key has dS = P (dP - D) = 0 exactly, which float32 leaves as noise of that size."""
-    q, k, v, do = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout))
-    b, nq, hq, d = q.shape
-    nk, hk = k.shape[1], k.shape[2]
-    g = hq // hk
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    kr, vr = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
-    s = np.einsum("bqhd,bkhd->bhqk", q, kr) * scale
-    t = None
-    if softcap:
-        t = np.tanh(s / softcap)
-        s = softcap * t
-    keep, dist = _mask_np(nq, nk, causal, window)
-    if alibi is not None:
-        sl = np.broadcast_to(np.asarray(alibi, dtype=np.float64).reshape(-1, hq), (b, hq))
-        s = s - sl[:, :, None, None] * dist
-    s = np.where(keep, s, -np.inf)
-    m = s.max(-1, keepdims=True)
-    e = np.exp(s - np.where(np.isfinite(m), m, 0.0))
-    l = e.sum(-1, keepdims=True)
-    p = np.where(l > 0, e / np.where(l > 0, l, 1.0), 0.0)
+    b, nk, hk, d = np.shape(k)
+    q, kr, vr, scale, t, p, _, _ = _probs_np(q, k, v, scale, causal, window, softcap, alibi)
+    do = np.asarray(dout, dtype=np.float64)
     if bound:
         q, kr, vr, do = (np.abs(x) for x in (q, kr, vr, do))
     o = np.einsum("bhqk,bkhd->bqhd", p, vr)
@@ -109,7 +101,7 @@ def ref_grads_np(dout, q, k, v, scale=None, causal=False, window=(-1, -1), softc
         ds = ds * (1 - t * t)
     dq = np.einsum("bhqk,bkhd->bqhd", ds, kr) * scale
     dk = np.einsum("bhqk,bqhd->bkhd", ds, q) * scale
-    fold = lambda x: x.reshape(b, nk, hk, g, d).sum(3)  # noqa: E731 (a group's heads)
+    fold = lambda x: x.reshape(b, nk, hk, -1, d).sum(3)  # noqa: E731 (a group's heads)
     return dq, fold(dk), fold(dv)
 
 

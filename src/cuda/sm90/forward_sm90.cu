@@ -511,26 +511,24 @@ __device__ __forceinline__ void fwd_mask(float (&s)[FwdCtx<D, NWG, KB, DECODE, P
       const int lr = wrow + g + 8 * rr;
       fa_mask_row_range(&k.mk, k.r0 + (DECODE ? lr & (c.rq - 1) : lr), &lo[rr], &hi[rr]);
     }
-    if constexpr (D != 256) { /* D = 256 keeps the general path until measured */
-      /* A causal band's diagonal tile (every lane's rows see their keys from
-       * the tile's start, and row g + 8's band ends 8 columns after row
-       * g's): row g + 8 at column 8 (jj - 1) + e is masked where row g is at
-       * 8 jj + e, so one compare serves both rows. In 32 bits: the CUDA
-       * backend's sequences have 32-bit lengths. */
-      const int b0 = (int)(hi[0] - c0);
-      if (__all_sync(0xffffffffu, lo[0] <= c0 && lo[1] <= c0 && hi[1] - hi[0] == 8)) {
-        bool past[2] = {-8 >= b0, -7 >= b0}; /* row g at jj - 1 */
+    /* A causal band's diagonal tile (every lane's rows see their keys from
+     * the tile's start, and row g + 8's band ends 8 columns after row g's):
+     * row g + 8 at column 8 (jj - 1) + e is masked where row g is at 8 jj + e,
+     * so one compare serves both rows. In 32 bits: the CUDA backend's
+     * sequences have 32-bit lengths. */
+    const int b0 = (int)(hi[0] - c0);
+    if (__all_sync(0xffffffffu, lo[0] <= c0 && lo[1] <= c0 && hi[1] - hi[0] == 8)) {
+      bool past[2] = {-8 >= b0, -7 >= b0}; /* row g at jj - 1 */
 #pragma unroll
-        for (int jj = 0; jj < BC / 8; ++jj)
+      for (int jj = 0; jj < BC / 8; ++jj)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const bool now = jj * 8 + e >= b0;
-            if (now) s[jj][e] = -INFINITY;
-            if (past[e]) s[jj][2 + e] = -INFINITY;
-            past[e] = now;
-          }
-        return;
-      }
+        for (int e = 0; e < 2; ++e) {
+          const bool now = jj * 8 + e >= b0;
+          if (now) s[jj][e] = -INFINITY;
+          if (past[e]) s[jj][2 + e] = -INFINITY;
+          past[e] = now;
+        }
+      return;
     }
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {

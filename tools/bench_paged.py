@@ -11,7 +11,7 @@ the GPU only cold or only hot); ratios against our contiguous forward of the sam
 
 Usage: python3 tools/bench_paged.py --lib build-gpu/libflashattn.so [--json out.json]
            [--quick] [--pages 16,32,64,256] [--only decode|prefill] [--splits N] [--cold]
-           [--rounds R]
+           [--rounds R] [--dense]
 """
 import argparse
 import ctypes as C
@@ -98,9 +98,10 @@ class Case:
             p.block_table, p.max_pages_per_seq = table.data_ptr(), pps
         return p, bnhd(k), bnhd(v)
 
-    def call(self, page, append, rotary):
-        """A function running one call: fa_forward over the cache (all its keys),
-        or the KV-cache call appending nq rows to a cache of Nk - nq."""
+    def call(self, page, append, rotary, used=True):
+        """A function running one call: fa_forward over the cache (all its keys;
+        with seqused_k unless not used), or the KV-cache call appending nq rows
+        to a cache of Nk - nq."""
         p, tk, tv = self.params(page)
         tq, to = bnhd(self.q), bnhd(self.o)
         kv = FaKvcache()
@@ -116,7 +117,7 @@ class Case:
             st = self.lib.fa_kvcache_workspace_size(C.byref(p), C.byref(kv), C.byref(tq),
                                                     C.byref(tk), C.byref(tv), C.byref(nb))
         else:
-            p.seqused_k = self.used.data_ptr()
+            p.seqused_k = self.used.data_ptr() if used else None
             st = self.lib.fa_workspace_size(0, C.byref(p), C.byref(tq), C.byref(tk), C.byref(tv),
                                             C.byref(nb))
         if st:
@@ -162,8 +163,8 @@ class Cases:
     def __getattr__(self, name):
         return getattr(self.all[0], name)
 
-    def call(self, page, append, rotary):
-        return round_robin([c.call(page, append, rotary) for c in self.all])
+    def call(self, page, append, rotary, used=True):
+        return round_robin([c.call(page, append, rotary, used) for c in self.all])
 
 
 def main():
@@ -181,6 +182,9 @@ def main():
                     "calls read their cache from memory, not from the L2 the last call filled")
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds that time every column in turn; each column's median")
+    ap.add_argument("--dense", action="store_true",
+                    help="also our contiguous forward without seqused_k (every sequence's "
+                    "keys all used, as SDPA reads them)")
     ap.add_argument("--splits", type=int, default=0,
                     help="our calls' params.num_splits (0: the library's choice; 1: no split)")
     a = ap.parse_args()
@@ -193,7 +197,8 @@ def main():
     pages = [int(x) for x in a.pages.split(",") if x]
     cols = ([("contig", 0, 0, 0)] + [("page%d" % pg, pg, 0, 0) for pg in pages] +
             [("append", 0, 1, 0), ("rotary", 0, 1, 1)] +
-            [(n % pg, pg, 1, r) for pg in pages[:1] for n, r in (("append%d", 0), ("rotary%d", 1))])
+            [(n % pg, pg, 1, r) for pg in pages[:1] for n, r in (("append%d", 0), ("rotary%d", 1))] +
+            ([("dense", 0, 0, 0)] if a.dense else []))
     print("| shape | B | Nk | " + " | ".join(c[0] for c in cols) + " | sdpa flash | sdpa cudnn |")
     print("|---|---|---|" + "---|" * (len(cols) + 2))
     rows = []
@@ -210,7 +215,7 @@ def main():
             graphs = {}
             for name, page, append, rotary in cols:
                 try:
-                    graphs[name] = capture(c.call(page, append, rotary), 20)
+                    graphs[name] = capture(c.call(page, append, rotary, name != "dense"), 20)
                 except Exception as ex:
                     r[name] = None
                     print("  %s: %s" % (name, ex), file=sys.stderr)

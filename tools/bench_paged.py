@@ -197,7 +197,8 @@ def main():
     pages = [int(x) for x in a.pages.split(",") if x]
     cols = ([("contig", 0, 0, 0)] + [("page%d" % pg, pg, 0, 0) for pg in pages] +
             [("append", 0, 1, 0), ("rotary", 0, 1, 1)] +
-            [(n % pg, pg, 1, r) for pg in pages[:1] for n, r in (("append%d", 0), ("rotary%d", 1))] +
+            [(n % pg, pg, 1, r) for pg in pages[:1]
+             for n, r in (("append%d", 0), ("rotary%d", 1))] +
             ([("dense", 0, 0, 0)] if a.dense else []))
     print("| shape | B | Nk | " + " | ".join(c[0] for c in cols) + " | sdpa flash | sdpa cudnn |")
     print("|---|---|---|" + "---|" * (len(cols) + 2))

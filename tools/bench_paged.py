@@ -195,11 +195,12 @@ def main():
     torch.manual_seed(0)
     print("bf16, D=128, H=32, Hk=8; us per call (CUDA graphs of 20 calls); ratio to contiguous")
     pages = [int(x) for x in a.pages.split(",") if x]
-    cols = ([("contig", 0, 0, 0)] + [("page%d" % pg, pg, 0, 0) for pg in pages] +
-            [("append", 0, 1, 0), ("rotary", 0, 1, 1)] +
-            [(n % pg, pg, 1, r) for pg in pages[:1]
+    # (name, page size, append, rotary, seqused_k)
+    cols = ([("contig", 0, 0, 0, 1)] + [("page%d" % pg, pg, 0, 0, 1) for pg in pages] +
+            [("append", 0, 1, 0, 1), ("rotary", 0, 1, 1, 1)] +
+            [(n % pg, pg, 1, r, 1) for pg in pages[:1]
              for n, r in (("append%d", 0), ("rotary%d", 1))] +
-            ([("dense", 0, 0, 0)] if a.dense else []))
+            ([("dense", 0, 0, 0, 0)] if a.dense else []))
     print("| shape | B | Nk | " + " | ".join(c[0] for c in cols) + " | sdpa flash | sdpa cudnn |")
     print("|---|---|---|" + "---|" * (len(cols) + 2))
     rows = []
@@ -214,9 +215,9 @@ def main():
             c = Cases(n, lib, B, 32, 8, 128, nq, Nk, causal, a.splits)
             r = {"shape": kind, "B": B, "nq": nq, "Nk": Nk, "causal": causal}
             graphs = {}
-            for name, page, append, rotary in cols:
+            for name, page, append, rotary, used in cols:
                 try:
-                    graphs[name] = capture(c.call(page, append, rotary, name != "dense"), 20)
+                    graphs[name] = capture(c.call(page, append, rotary, used), 20)
                 except Exception as ex:
                     r[name] = None
                     print("  %s: %s" % (name, ex), file=sys.stderr)

@@ -177,12 +177,14 @@ struct FwdCtx {
 /* A lane's box of a paged cache's key tile n: lane l of producer warp w
  * (of NW) holds box l * NW + w, a page-aligned run of the tile's keys from
  * key `key`, at row `row` of page pg, the table's entry idx (live: the box
- * holds keys) */
+ * holds keys). pg is the entry as read, clamped to the pools where a copy
+ * uses it: a load is waited for where its value is first used, and the
+ * next tile's boxes are read ahead of their copies. */
 struct PagedBox {
   int n, key, idx, row, pg, live;
 };
 __device__ __forceinline__ int paged_entry(const FwdArgs &p, const FwdBlock &k, const PagedBox &b) {
-  return b.live ? min(max(__ldg(page_row(p, k.b) + b.idx), 0), p.kv_batch - 1) : 0;
+  return b.live ? __ldg(page_row(p, k.b) + b.idx) : 0;
 }
 template <int NW, int BC>
 __device__ __forceinline__ PagedBox paged_box(const FwdParams &P, const FwdBlock &k, int n,
@@ -236,10 +238,11 @@ __device__ __forceinline__ void fwd_load_boxes(const FwdParams &P,
     if (warp == 0) mbar_expect_tx(c.k_full(st), bytes);
   }
   __syncwarp();
+  const int pg = min(max(b.pg, 0), P.a.kv_batch - 1); /* the pools' pages (the host cannot check) */
   if (b.live)
 #pragma unroll
     for (int cc = 0; cc < D / 64; ++cc)
-      tma_load_4d(dk + cc * BC * 128, &P.tk, c.k_full(st), cc * 64, b.row, hk, b.pg);
+      tma_load_4d(dk + cc * BC * 128, &P.tk, c.k_full(st), cc * 64, b.row, hk, pg);
   if (n > k.kt.n_begin) nb = paged_step<NW, BC>(P, k, b, warp, lane);
   if (lane == 0) {
     mbar_wait(c.v_empty(st), ph ^ 1);
@@ -249,7 +252,7 @@ __device__ __forceinline__ void fwd_load_boxes(const FwdParams &P,
   if (b.live)
 #pragma unroll
     for (int cc = 0; cc < D / 64; ++cc)
-      tma_load_4d(dv + cc * BC * 128, &P.tv, c.v_full(st), cc * 64, b.row, hk, b.pg);
+      tma_load_4d(dv + cc * BC * 128, &P.tv, c.v_full(st), cc * 64, b.row, hk, pg);
 }
 
 template <int PW, int D, int NWG, int KB, bool DECODE, bool PAGED>

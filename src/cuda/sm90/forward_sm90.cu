@@ -48,13 +48,14 @@ namespace sm90 {
 
 struct FwdParams {
   FwdArgs a;
-  CUtensorMap tq, tk, tv; /* (d, seqlen, heads, batch) boxes of 64 columns */
-  CUtensorMap to;         /* O's (boxes of StagedO's rows), where o_map */
-  Schedule sched;         /* query blocks per (sequence, head), in launch order */
-  FastDiv by_nsplit;      /* a decode schedule's heads are (head, split) pairs */
-  int box;                /* a paged cache: rows per K/V box, gcd(page size, BC) */
-  int kv_rows;            /* a KV cache's map: rows from one sequence to the next */
-  int o_map;              /* a staged epilogue whose O has 16-byte aligned rows */
+  CUtensorMap tq, tk, tv;    /* (d, seqlen, heads, batch) boxes of 64 columns */
+  CUtensorMap to;            /* O's (boxes of StagedO's rows), where o_map */
+  Schedule sched;            /* query blocks per (sequence, head), in launch order */
+  FastDiv by_nsplit;         /* a decode schedule's heads are (head, split) pairs */
+  int box;                   /* a paged cache: rows per K/V box, gcd(page size, BC) */
+  int kv_rows;               /* a KV cache's map: rows from one sequence to the next */
+  int o_map;                 /* a staged epilogue whose O has 16-byte aligned rows */
+  int tile_pages, tile_rest; /* a paged cache: BC = tile_pages pages + tile_rest rows */
 };
 
 /* Online softmax over one S tile held as accumulators s (rows g and g + 8 of
@@ -174,23 +175,38 @@ struct FwdCtx {
   }
 };
 /* A lane's box of a paged cache's key tile n: lane l of producer warp w
- * (of NW) holds box l * NW + w, a page-aligned run of the tile's keys, at
- * row `row` of page pg (live: the box holds keys) */
+ * (of NW) holds box l * NW + w, a page-aligned run of the tile's keys from
+ * key `key`, at row `row` of page pg, the table's entry idx (live: the box
+ * holds keys). pg is the entry as read, clamped to the pools where a copy
+ * uses it: a load is waited for where its value is first used, and the
+ * next tile's boxes are read ahead of their copies. */
 struct PagedBox {
-  int n, pg, row, live;
+  int n, key, idx, row, pg, live;
 };
+__device__ __forceinline__ int paged_entry(const FwdArgs &p, const FwdBlock &k, const PagedBox &b) {
+  return b.live ? __ldg(page_row(p, k.b) + b.idx) : 0;
+}
 template <int NW, int BC>
 __device__ __forceinline__ PagedBox paged_box(const FwdParams &P, const FwdBlock &k, int n,
                                               int warp, int lane) {
   const FwdArgs &p = P.a;
   const int bx = lane * NW + warp, key = n * BC + bx * P.box;
-  PagedBox b{n, 0, 0, BC / P.box > bx && key < k.sv.nk};
-  if (b.live) {
-    const int idx = key / p.page;
-    b.row = key - idx * p.page;
-    b.pg = page_of(p, page_row(p, k.b), key);
-  }
+  PagedBox b{n, key, key / p.page, 0, 0, bx * P.box < BC && key < k.sv.nk};
+  b.row = key - b.idx * p.page;
+  b.pg = paged_entry(p, k, b);
   return b;
+}
+/* The same lane's box of tile b.n - 1, stepped down from b's without a
+ * division: the producer's instructions between a stage's release and its
+ * copy are on the walk's path */
+template <int NW, int BC>
+__device__ __forceinline__ PagedBox paged_step(const FwdParams &P, const FwdBlock &k,
+                                               const PagedBox &b, int warp, int lane) {
+  PagedBox d{b.n - 1, b.key - BC, b.idx - P.tile_pages, b.row - P.tile_rest, 0, 0};
+  if (d.row < 0) d.row += P.a.page, --d.idx;
+  d.live = (lane * NW + warp) * P.box < BC && d.key < k.sv.nk;
+  d.pg = paged_entry(P.a, k, d);
+  return d;
 }
 /* A paged cache's key tile n (K/V head hk) into stage st, whose ring phase
  * is ph, each lane its box. The next tile's boxes (n - 1: the walk runs
@@ -205,12 +221,14 @@ __device__ __forceinline__ void fwd_load_boxes(const FwdParams &P,
   constexpr int BC = FwdCtx<D, NWG, KB, DECODE, PAGED>::BC;
   const PagedBox b = nb.n == n ? nb : paged_box<NW, BC>(P, k, n, warp, lane);
   const int bx = lane * NW + warp;
-  /* the boxes that hold keys: the tile's bytes (one warp holding them
-   * all counts its lanes: the D = 64 decode kernel has no registers
-   * for the division) */
-  const int boxes = NW > 1 ? min(BC / P.box, (k.sv.nk - n * BC + P.box - 1) / P.box)
+  /* the boxes that hold keys: the tile's bytes (a whole tile's are
+   * TBYTES, a division only for the last; one warp holding them all
+   * counts its lanes: the D = 64 decode kernel has no registers for the
+   * division) */
+  const int left = k.sv.nk - n * BC; /* keys from the tile's start */
+  const int boxes = NW > 1 ? (left >= BC ? 0 : (left + P.box - 1) / P.box)
                            : __popc(__ballot_sync(0xffffffffu, b.live));
-  const uint32_t bytes = (uint32_t)boxes * P.box * D * 2;
+  const uint32_t bytes = NW > 1 && left >= BC ? L::TBYTES : (uint32_t)boxes * P.box * D * 2;
   const uint32_t dk = c.sQ + L::K0 + st * L::TBYTES + bx * P.box * 128;
   const uint32_t dv = c.sQ + L::V0 + st * L::TBYTES + bx * P.box * 128;
   /* another warp's boxes may land before warp 0 announces the
@@ -220,11 +238,12 @@ __device__ __forceinline__ void fwd_load_boxes(const FwdParams &P,
     if (warp == 0) mbar_expect_tx(c.k_full(st), bytes);
   }
   __syncwarp();
+  const int pg = min(max(b.pg, 0), P.a.kv_batch - 1); /* the pools' pages (the host cannot check) */
   if (b.live)
 #pragma unroll
     for (int cc = 0; cc < D / 64; ++cc)
-      tma_load_4d(dk + cc * BC * 128, &P.tk, c.k_full(st), cc * 64, b.row, hk, b.pg);
-  if (n > k.kt.n_begin) nb = paged_box<NW, BC>(P, k, n - 1, warp, lane);
+      tma_load_4d(dk + cc * BC * 128, &P.tk, c.k_full(st), cc * 64, b.row, hk, pg);
+  if (n > k.kt.n_begin) nb = paged_step<NW, BC>(P, k, b, warp, lane);
   if (lane == 0) {
     mbar_wait(c.v_empty(st), ph ^ 1);
     if (warp == 0) mbar_expect_tx(c.v_full(st), bytes);
@@ -233,7 +252,7 @@ __device__ __forceinline__ void fwd_load_boxes(const FwdParams &P,
   if (b.live)
 #pragma unroll
     for (int cc = 0; cc < D / 64; ++cc)
-      tma_load_4d(dv + cc * BC * 128, &P.tv, c.v_full(st), cc * 64, b.row, hk, b.pg);
+      tma_load_4d(dv + cc * BC * 128, &P.tv, c.v_full(st), cc * 64, b.row, hk, pg);
 }
 
 template <int PW, int D, int NWG, int KB, bool DECODE, bool PAGED>
@@ -298,7 +317,7 @@ __device__ __forceinline__ void fwd_producer(const FwdParams &P,
       if (!more) break;
       const int hk = k.h / p.group;
       const MapSeq mk = map_kv(p, P.kv_rows, k.b, k.sv);
-      PagedBox nb{-1, 0, 0, 0}; /* the next tile's boxes, looked up ahead */
+      PagedBox nb{-1, 0, 0, 0, 0, 0}; /* the next tile's boxes, looked up ahead */
       for_each_live(k.kt.n_end - k.kt.n_begin, su.tile_skip(k), [&](int kk) {
         const int n = k.kt.n_end - 1 - kk, st = i % ST, ph = (i / ST) & 1;
         ++i;
@@ -823,6 +842,7 @@ fa_status fwd_launch_as(const FwdArgs &a, cudaStream_t stream) {
     int g = S::BC, r = a.page;
     while (r) g %= r, std::swap(g, r);
     prm.box = g;
+    prm.tile_pages = S::BC / a.page, prm.tile_rest = S::BC % a.page;
     if ((st = make_map(&prm.tk, BF, a.k, a.d, a.page, hk, a.kv_batch, a.k_ss, a.k_sh, a.k_sb, false,
                        g)) != FA_OK ||
         (st = make_map(&prm.tv, BF, a.v, a.d, a.page, hk, a.kv_batch, a.v_ss, a.v_sh, a.v_sb, false,

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Paged KV caches and the KV-cache call on one GPU: flashattn's forward over a
 contiguous cache, the same keys in pages of 16 and 256 rows (--pages; each
-sequence's pages in random order through a block table), and the KV-cache call that first
+sequence's pages in random order through a block table, or in order with
+--in-order), and the KV-cache call that first
 appends the new rows (and rotates them and q), beside PyTorch SDPA's cuDNN and
 flash backends on the contiguous cache, in the same process. Decode (one query
 row per head) and a causal prefill chunk against the cache. Times are
@@ -11,7 +12,7 @@ the GPU only cold or only hot); ratios against our contiguous forward of the sam
 
 Usage: python3 tools/bench_paged.py --lib build-gpu/libflashattn.so [--json out.json]
            [--quick] [--pages 16,32,64,256] [--only decode|prefill] [--splits N] [--cold]
-           [--rounds R] [--dense]
+           [--rounds R] [--dense] [--in-order]
 """
 import argparse
 import ctypes as C
@@ -49,8 +50,9 @@ class Case:
     """One shape: q (B, nq, H, D), a cache of Nk keys per sequence (contiguous and
     paged copies of the same keys), new rows and rotary tables for the call."""
 
-    def __init__(self, lib, B, H, Hk, D, nq, Nk, causal, splits=0, copy=0):
+    def __init__(self, lib, B, H, Hk, D, nq, Nk, causal, splits=0, copy=0, in_order=False):
         self.lib, self.B, self.nq, self.Nk, self.causal = lib, B, nq, Nk, causal
+        self.in_order = in_order
         self.splits = splits
         self.copy = copy
         dt = torch.bfloat16
@@ -75,7 +77,8 @@ class Case:
             torch.manual_seed(1000 * self.copy + page)
             pps = (self.Nk + page - 1) // page
             n = self.B * pps
-            perm = torch.randperm(n, device="cuda").to(torch.int32)
+            perm = (torch.arange(n, device="cuda") if self.in_order else
+                    torch.randperm(n, device="cuda")).to(torch.int32)
             table = perm.view(self.B, pps).contiguous()
             kp = torch.zeros(n, page, *self.k.shape[2:], device="cuda", dtype=self.k.dtype)
             vp = torch.zeros_like(kp)
@@ -185,6 +188,10 @@ def main():
     ap.add_argument("--dense", action="store_true",
                     help="also our contiguous forward without seqused_k (every sequence's "
                     "keys all used, as SDPA reads them)")
+    ap.add_argument("--in-order", action="store_true",
+                    help="each sequence's pages in order in the pool (the table the identity "
+                    "within a sequence), not shuffled: what the lookup costs apart from where "
+                    "the pages lie")
     ap.add_argument("--splits", type=int, default=0,
                     help="our calls' params.num_splits (0: the library's choice; 1: no split)")
     a = ap.parse_args()
@@ -212,7 +219,7 @@ def main():
         for Nk in nks:
             cache_bytes = 2 * B * Nk * 8 * 128 * 2
             n = -(-(128 << 20) // cache_bytes) if a.cold else 1
-            c = Cases(n, lib, B, 32, 8, 128, nq, Nk, causal, a.splits)
+            c = Cases(n, lib, B, 32, 8, 128, nq, Nk, causal, a.splits, in_order=a.in_order)
             r = {"shape": kind, "B": B, "nq": nq, "Nk": Nk, "causal": causal}
             graphs = {}
             for name, page, append, rotary, used in cols:

@@ -68,9 +68,9 @@ constexpr int fwd_bc(int d, bool wide) {
 
 /* Keys from which a walk that no band cuts takes the wide tiles (H100,
  * docs/PERF.md): from 2048 at D <= 192 (1024 keys: D = 128's 176-key tiles
- * 0.995x the 128-key ones, D = 192's 112-key tiles 0.95x); from 1024 at
+ * 0.995x the 128-key ones, D = 192's 112-key tiles 0.95x); from 512 at
  * D = 256, whose 80-key tiles overlap their products and the narrow 64-key
- * ones do not (1.14x at 1024 keys, 1.04x at 512) */
+ * ones do not (1.14x at 1024 keys, 1.05x at 512) */
 #ifndef FA_SM90_FWD64_WIDE_MIN_KEYS
 #define FA_SM90_FWD64_WIDE_MIN_KEYS 2048
 #endif
@@ -81,7 +81,7 @@ constexpr int fwd_bc(int d, bool wide) {
 #define FA_SM90_FWD192_WIDE_MIN_KEYS 2048
 #endif
 #ifndef FA_SM90_FWD256_WIDE_MIN_KEYS
-#define FA_SM90_FWD256_WIDE_MIN_KEYS 1024
+#define FA_SM90_FWD256_WIDE_MIN_KEYS 512
 #endif
 constexpr int64_t kFwdWideMinKeys[4] = {FA_SM90_FWD64_WIDE_MIN_KEYS, FA_SM90_FWD128_WIDE_MIN_KEYS,
                                         FA_SM90_FWD192_WIDE_MIN_KEYS, FA_SM90_FWD256_WIDE_MIN_KEYS};

@@ -32,6 +32,8 @@ def main():
     ap.add_argument("--lib", default="build-gpu/libflashattn.so", help="path of libflashattn.so")
     ap.add_argument("--page", type=int, default=0, help="page size (0: a contiguous cache)")
     ap.add_argument("--cudnn", action="store_true", help="SDPA's cuDNN backend instead of ours")
+    ap.add_argument("--dense", action="store_true",
+                    help="our forward without seqused_k (every key used; a plain K/V map)")
     ap.add_argument("--keys", type=int, default=8192)
     a = ap.parse_args()
     ours = Ours(a.lib)
@@ -48,7 +50,8 @@ def main():
             c = Case(ours.lib, 16, 32, 8, 128, 1, a.keys, False)
         # non-causal: SDPA's causal is top-left aligned
         sdpa_args, sdpa_kw = [x.transpose(1, 2) for x in (c.q, c.k, c.v)], {"enable_gqa": True}
-        call = None if a.cudnn else c.call(a.page, False, False)  # its pool, its workspace
+        # its pool, its workspace
+        call = None if a.cudnn else c.call(a.page, False, False, not a.dense)
     if a.cudnn:
         def call():
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):

@@ -200,10 +200,14 @@ __device__ __forceinline__ SeqView seq_view(const AttnArgs &p, int b) {
 __device__ __forceinline__ const int32_t *page_row(const AttnArgs &p, int b) {
   return p.block_table + (int64_t)b * p.bt_stride;
 }
-/* The page holding key j of a sequence (pages: its table row), clamped to
- * the pools' pages (device memory, which the host could not check). */
+/* A table entry clamped to the pools' pages (device memory, which the host
+ * could not check) */
+__device__ __forceinline__ int page_clamp(const AttnArgs &p, int entry) {
+  return min(max(entry, 0), p.kv_batch - 1);
+}
+/* The page holding key j of a sequence (pages: its table row), clamped */
 __device__ __forceinline__ int page_of(const AttnArgs &p, const int32_t *pages, int j) {
-  return min(max(__ldg(pages + j / p.page), 0), p.kv_batch - 1);
+  return page_clamp(p, __ldg(pages + j / p.page));
 }
 
 /* The key tiles (BC keys) of query rows [r0, r0 + rows): tiles [n_begin,

@@ -238,7 +238,7 @@ __device__ __forceinline__ void fwd_load_boxes(const FwdParams &P,
     if (warp == 0) mbar_expect_tx(c.k_full(st), bytes);
   }
   __syncwarp();
-  const int pg = min(max(b.pg, 0), P.a.kv_batch - 1); /* the pools' pages (the host cannot check) */
+  const int pg = page_clamp(P.a, b.pg);
   if (b.live)
 #pragma unroll
     for (int cc = 0; cc < D / 64; ++cc)

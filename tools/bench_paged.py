@@ -12,7 +12,7 @@ the GPU only cold or only hot); ratios against our contiguous forward of the sam
 
 Usage: python3 tools/bench_paged.py --lib build-gpu/libflashattn.so [--json out.json]
            [--quick] [--pages 16,32,64,256] [--only decode|prefill] [--splits N] [--cold]
-           [--rounds R] [--dense] [--in-order]
+           [--rounds R] [--dense] [--in-order] [--kernels]
 """
 import argparse
 import ctypes as C
@@ -144,6 +144,43 @@ class Case:
         return run
 
 
+def kernel_name(name):
+    """A kernel's bare name: no return type, namespaces, template or parameter lists."""
+    out, depth = [], 0
+    for ch in name:
+        depth += ch in "<("
+        if depth == 0:
+            out.append(ch)
+        depth -= ch in ">)"
+    return "".join(out).split()[-1].split("::")[-1] if out else name
+
+
+def kernel_times(g, calls, reps=5):
+    """The kernels of a graph of `calls` calls, replayed reps times under
+    torch.profiler: each kernel's mean us per call, and the mean span per call
+    from the first kernel's start to the last's end. A kernel launched as a
+    programmatic dependent starts before the kernel it follows ends and waits
+    for it, so durations overlap; the span is the call's time. The tracing
+    itself moves the span by a few percent from the untraced replay's."""
+    from torch.profiler import ProfilerActivity, profile
+    g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            g.replay()
+        torch.cuda.synchronize()
+    ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not ev:
+        return "no kernels recorded"
+    tot = {}
+    for e in ev:
+        n = kernel_name(e.name)
+        tot[n] = tot.get(n, 0.0) + e.time_range.elapsed_us()
+    span = max(e.time_range.end for e in ev) - min(e.time_range.start for e in ev)
+    n = calls * reps
+    return ", ".join("%s %.1f" % (k, v / n) for k, v in tot.items()) + "; span %.1f" % (span / n)
+
+
 def round_robin(fns):
     """A function calling fns[0], fns[1], ... in turn, one a call."""
     i = [0]
@@ -192,6 +229,9 @@ def main():
                     help="each sequence's pages in order in the pool (the table the identity "
                     "within a sequence), not shuffled: what the lookup costs apart from where "
                     "the pages lie")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also each column's kernels (torch.profiler over graph replays): "
+                    "mean us per call of each, and the call's span")
     ap.add_argument("--splits", type=int, default=0,
                     help="our calls' params.num_splits (0: the library's choice; 1: no split)")
     a = ap.parse_args()
@@ -249,6 +289,9 @@ def main():
                 for name, g in graphs.items():
                     times[name].append(replay_us(g, 20, a.reps))
             r.update({name: statistics.median(t) for name, t in times.items()})
+            if a.kernels:
+                for name, g in graphs.items():
+                    print("  %s %s %d: %s" % (kind, name, Nk, kernel_times(g, 20)))
             del graphs
             rows.append(r)
             base = r["contig"]

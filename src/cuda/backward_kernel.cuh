@@ -310,8 +310,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) flash_bwd_kv_kernel(const BwdAr
       if (j < BR && row >= nq)
         *dst = INFINITY;
       else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)),
-                     "l"(row < nq ? src + row : src), "r"(row < nq ? 4 : 0));
+        cp_async4(smem_addr(dst), row < nq ? src + row : src, row < nq ? 4 : 0);
     }
   };
   /* Block-sparse: steps whose tile's blocks are all zero are skipped; cls is

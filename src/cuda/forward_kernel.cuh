@@ -169,7 +169,7 @@ __device__ __forceinline__ void load_tile(T *s, const T *g, int64_t stride, int 
       cp_async16(dst + it * RS * LD * (int)sizeof(T), bytes ? src : g, bytes);
     }
     src += RS * stride;
-    asm volatile("" : "+l"(src)); /* keep one pointer, not ITERS precomputed ones */
+    opaque(src); /* one pointer, not ITERS precomputed ones */
   }
 }
 

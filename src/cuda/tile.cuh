@@ -20,6 +20,15 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p) {
   return (uint32_t)__cvta_generic_to_shared(p);
 }
 
+/* x as the compiler must take it: unknown, recomputed where used rather
+ * than hoisted or folded (a pointer: kept in one register, not as one
+ * precomputed value per unrolled use) */
+__device__ __forceinline__ void opaque(uint32_t &x) { asm volatile("" : "+r"(x)); }
+template <typename P>
+__device__ __forceinline__ void opaque(P *&p) {
+  asm volatile("" : "+l"(p));
+}
+
 /* Programmatic dependent launch (sm_90 and later; nothing before): the
  * stream's next kernel may launch now, its CTAs taking the SMs this grid frees
  * (launch_dependents); this kernel waits for the whole preceding grid's
@@ -39,6 +48,11 @@ __device__ __forceinline__ void pdl_wait() {
  * 16 is zero-filled (predicated tails and padded head dims). */
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+/* 4 bytes global -> shared through L1; src_bytes 0 writes zeros */
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }

@@ -106,10 +106,6 @@ template <int N>
 __device__ __forceinline__ void wg_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-/* x as the compiler must take it: unknown, recomputed where used rather
- * than hoisted or folded */
-__device__ __forceinline__ void opaque(uint32_t &x) { asm volatile("" : "+r"(x)); }
-
 /* Pins registers the asynchronous MMAs read or write: nothing touching them
  * moves across this point. */
 template <int M>

@@ -174,11 +174,12 @@ def kernel_times(g, calls, reps=5):
         return "no kernels recorded"
     tot = {}
     for e in ev:
-        n = kernel_name(e.name)
-        tot[n] = tot.get(n, 0.0) + e.time_range.elapsed_us()
+        name = kernel_name(e.name)
+        tot[name] = tot.get(name, 0.0) + e.time_range.elapsed_us()
     span = max(e.time_range.end for e in ev) - min(e.time_range.start for e in ev)
-    n = calls * reps
-    return ", ".join("%s %.1f" % (k, v / n) for k, v in tot.items()) + "; span %.1f" % (span / n)
+    per = calls * reps
+    return (", ".join("%s %.1f" % (k, v / per) for k, v in tot.items()) +
+            "; span %.1f" % (span / per))
 
 
 def round_robin(fns):

@@ -8,16 +8,19 @@ flash backends on the contiguous cache, in the same process. Decode (one query
 row per head) and a causal prefill chunk against the cache. Times are
 microseconds per call replayed from CUDA graphs of 20 calls (tools/bench_decode.py),
 medians over --rounds rounds that time every column in turn (so that no column sees
-the GPU only cold or only hot); ratios against our contiguous forward of the same keys.
+the GPU only cold or only hot; --shuffle changes the order each round, --control times
+the contiguous column a second time, last); ratios against our contiguous forward of the
+same keys.
 
 Usage: python3 tools/bench_paged.py --lib build-gpu/libflashattn.so [--json out.json]
            [--quick] [--pages 16,32,64,256] [--only decode|prefill] [--splits N] [--cold]
-           [--rounds R] [--dense] [--in-order] [--kernels]
+           [--rounds R] [--dense] [--in-order] [--kernels] [--control] [--shuffle]
 """
 import argparse
 import ctypes as C
 import json
 import os
+import random
 import statistics
 import sys
 
@@ -233,6 +236,12 @@ def main():
     ap.add_argument("--kernels", action="store_true",
                     help="also each column's kernels (torch.profiler over graph replays): "
                     "mean us per call of each, and the call's span")
+    ap.add_argument("--control", action="store_true",
+                    help="also the contiguous column again as the last of ours (\"contig2\"): "
+                    "what a column's place in the round alone moves")
+    ap.add_argument("--shuffle", action="store_true",
+                    help="each round times the columns in a fresh random order, not in the "
+                    "table's")
     ap.add_argument("--splits", type=int, default=0,
                     help="our calls' params.num_splits (0: the library's choice; 1: no split)")
     a = ap.parse_args()
@@ -248,7 +257,8 @@ def main():
             [("append", 0, 1, 0, 1), ("rotary", 0, 1, 1, 1)] +
             [(n % pg, pg, 1, r, 1) for pg in pages[:1]
              for n, r in (("append%d", 0), ("rotary%d", 1))] +
-            ([("dense", 0, 0, 0, 0)] if a.dense else []))
+            ([("dense", 0, 0, 0, 0)] if a.dense else []) +
+            ([("contig2", 0, 0, 0, 1)] if a.control else []))
     print("| shape | B | Nk | " + " | ".join(c[0] for c in cols) + " | sdpa flash | sdpa cudnn |")
     print("|---|---|---|" + "---|" * (len(cols) + 2))
     rows = []
@@ -286,9 +296,13 @@ def main():
                 except Exception:
                     r[name] = None
             times = {name: [] for name in graphs}
+            order = random.Random(Nk * 1000 + B)
             for _ in range(a.rounds):
-                for name, g in graphs.items():
-                    times[name].append(replay_us(g, 20, a.reps))
+                names = list(graphs)
+                if a.shuffle:
+                    order.shuffle(names)
+                for name in names:
+                    times[name].append(replay_us(graphs[name], 20, a.reps))
             r.update({name: statistics.median(t) for name, t in times.items()})
             if a.kernels:
                 for name, g in graphs.items():
